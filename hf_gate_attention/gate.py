@@ -1,0 +1,99 @@
+"""The gate module added to each patched attention block, and how its values are applied.
+
+Formulas (per token; `G` gated heads, `D` head_dim, `s` = 2 for `init="identity"`, 1 for `init="paper"`):
+
+- `output` (paper G1): `g = s * sigmoid(X W + b)`, `W: (hidden, G*w)`, `O'[h] = O[h] * g[h]`, applied to the
+  attention output `O` before the output projection. `G` = query heads.
+- `value` (paper G2): the same formula on the value projection's output; `G` = key/value heads (GQA).
+- `qk` (source article): `g[h] = s * sigmoid(W[h] [q_h; k_h] + b[h])` from the query and key of the same position
+  (head `h` reads key head `h // (H / KV)`), `W: (H, w, 2D)`. Multiplying row `i` of `softmax(Q K^T / sqrt(D))`
+  by `g_i` equals multiplying output row `i` by `g_i`, so the gate is applied to the attention output like
+  `output`, never materialising the L x L matrix. `q`/`k` are the projections' outputs, before rotary
+  embeddings or q/k norms (the article has neither).
+
+`w` is 1 (headwise) or `D` (elementwise). The sigmoid is computed in float32 whatever the model dtype.
+With `top_k`, per token only the `top_k` heads with the largest (mean) gate value are kept; the rest are 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import GateConfig
+
+
+class AttentionGate(nn.Module):
+    """Learned sigmoid gate of one attention block.
+
+    Args:
+        config (`GateConfig`): variant, granularity, init and top_k.
+        hidden_size (`int`): width of the hidden state `X` entering the block.
+        num_heads, num_kv_heads, head_dim (`int`): the block's geometry.
+        init_std (`float`): std of the normal init for `init="paper"`.
+    """
+
+    def __init__(
+        self,
+        config: GateConfig,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        init_std: float = 0.02,
+        dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
+    ):
+        super().__init__()
+        self.variant = config.variant
+        self.top_k = config.top_k
+        self.scale = config.gate_scale
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_gated_heads = num_kv_heads if config.variant == "value" else num_heads
+        self.width = 1 if config.granularity == "headwise" else head_dim
+        if self.top_k is not None and self.top_k > self.num_gated_heads:
+            raise ValueError(
+                f"GateConfig.top_k={self.top_k} exceeds the {self.num_gated_heads} gated heads of this model"
+            )
+        if config.variant == "qk":
+            weight_shape = (num_heads, self.width, 2 * head_dim)
+            bias_shape = (num_heads, self.width)
+        else:
+            weight_shape = (self.num_gated_heads * self.width, hidden_size)
+            bias_shape = (self.num_gated_heads * self.width,)
+        self.weight = nn.Parameter(torch.zeros(weight_shape, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(bias_shape, dtype=dtype, device=device))
+        if config.init == "paper":
+            nn.init.normal_(self.weight, std=init_std)
+
+    def extra_repr(self) -> str:
+        return (
+            f"variant={self.variant}, heads={self.num_gated_heads}, width={self.width}, scale={self.scale}, "
+            f"top_k={self.top_k}"
+        )
+
+    def logits(self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None):
+        """Gate logits `(..., G, w)` from `x: (..., hidden)` or from `q: (..., H*D)` and `k: (..., KV*D)`."""
+        if self.variant != "qk":
+            z = nn.functional.linear(x, self.weight, self.bias)  # (..., G*w)
+            return z.unflatten(-1, (self.num_gated_heads, self.width))
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, D)
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))  # (..., KV, D)
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=-2)  # (..., H, D)
+        qk = torch.cat([q, k], dim=-1).to(self.weight.dtype)  # (..., H, 2D)
+        return torch.einsum("...hc,hwc->...hw", qk, self.weight) + self.bias
+
+    def forward(self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None):
+        """Gate values `(..., G, w)` in float32, top-k sparsified when configured."""
+        gate = self.scale * torch.sigmoid(self.logits(x, q, k).float())
+        if self.top_k is not None:
+            score = gate.mean(-1)  # (..., G)
+            keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
+            gate = gate * keep.unsqueeze(-1)
+        return gate
+
+
+def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Multiply `values: (..., G*D)` (head-major) by `gate: (..., G, w)`, `w` in {1, D}; keeps `values.dtype`."""
+    heads = values.unflatten(-1, (gate.shape[-2], -1))  # (..., G, D)
+    return (heads * gate.to(values.dtype)).flatten(-2)

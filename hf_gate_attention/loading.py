@@ -9,6 +9,7 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 
 from .config import GateConfig
+from .families import family_for
 from .patching import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, patch
 
 _SINGLE_FILE = "model.safetensors"
@@ -57,18 +58,39 @@ def from_pretrained(path: str, model_class=None, **kwargs):
         transformers.logging.set_verbosity(verbosity)
     patch(model, GateConfig.from_dict(gate_dict))
 
-    saved = _gate_tensors(path, **hub_kwargs)
-    expected = {k: v for k, v in model.state_dict().items() if f".{GATE_MODULE_NAME}." in k}
-    missing, extra = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    _load_gate_tensors(model, _gate_tensors(path, **hub_kwargs), path)
+    return model
+
+
+def _load_gate_tensors(model, saved: dict, path: str) -> None:
+    """Copy saved gate tensors into a patched model, matched by (layer index, tensor name).
+
+    Keys are matched through the family's block pattern rather than verbatim, because transformers may save
+    legacy key names (e.g. ViT's `encoder.layer.N`) for modules it names differently in memory (`layers.N`).
+    """
+    family = family_for(model.config.model_type)
+
+    def by_layer(keys) -> dict:
+        table = {}
+        for key in keys:
+            prefix, name = key.split(f".{GATE_MODULE_NAME}.")
+            table[(family.match_block(prefix), name)] = key
+        return table
+
+    expected = by_layer(k for k in model.state_dict() if f".{GATE_MODULE_NAME}." in k)
+    found = by_layer(saved)
+    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected), key=str)
     if missing or extra:
         raise ValueError(
-            f"gate weights of {path} do not match the model: missing {missing[:3]}, unexpected {extra[:3]}"
+            f"gate weights of {path} do not match the model: (layer, tensor) missing {missing[:3]}, "
+            f"unexpected {extra[:3]}"
         )
-    for key, tensor in expected.items():
-        if saved[key].shape != tensor.shape:
+    state = model.state_dict()
+    for slot, key in expected.items():
+        tensor = saved[found[slot]]
+        if tensor.shape != state[key].shape:
             raise ValueError(
-                f"gate weight {key} has shape {tuple(saved[key].shape)} in {path} but the model expects "
-                f"{tuple(tensor.shape)}"
+                f"gate weight {key} has shape {tuple(tensor.shape)} in {path} but the model expects "
+                f"{tuple(state[key].shape)}"
             )
-    model.load_state_dict({k: saved[k] for k in expected}, strict=False)
-    return model
+    model.load_state_dict({key: saved[found[slot]] for slot, key in expected.items()}, strict=False)

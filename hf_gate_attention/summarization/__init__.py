@@ -1,0 +1,33 @@
+"""Long-document summarization recipe: data loading, prompt building and ROUGE with confidence intervals."""
+
+from .data import (
+    DataCollatorForSummarization,
+    build_example,
+    build_prompt,
+    load_summarization_dataset,
+    truncate_document,
+)
+from .rouge import (
+    ROUGE_METRIC_PATH,
+    ROUGE_TYPES,
+    bootstrap_ci,
+    compute_rouge,
+    load_rouge_metric,
+    paired_bootstrap_delta,
+    per_example_rouge,
+)
+
+__all__ = [
+    "ROUGE_METRIC_PATH",
+    "ROUGE_TYPES",
+    "DataCollatorForSummarization",
+    "bootstrap_ci",
+    "build_example",
+    "build_prompt",
+    "compute_rouge",
+    "load_rouge_metric",
+    "load_summarization_dataset",
+    "paired_bootstrap_delta",
+    "per_example_rouge",
+    "truncate_document",
+]

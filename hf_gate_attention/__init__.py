@@ -1,7 +1,7 @@
 """hf-gate-attention: gated attention for pretrained Hugging Face models in one call.
 
-    from hf_gate_attention import GateConfig, patch
-    model = patch(model, GateConfig(variant="output", granularity="headwise", init="identity"))
+from hf_gate_attention import GateConfig, patch
+model = patch(model, GateConfig(variant="output", granularity="headwise", init="identity"))
 """
 
 from .config import GateConfig

@@ -57,7 +57,9 @@ class GateConfig:
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         ):
-            raise ValueError(f"GateConfig.top_k={self.top_k!r} is not valid; accepted values: None or an int >= 1")
+            raise ValueError(
+                f"GateConfig.top_k={self.top_k!r} is not valid; accepted values: None or an int >= 1"
+            )
         if self.layers is not None:
             layers = tuple(self.layers) if isinstance(self.layers, list | tuple) else None
             if not layers or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
@@ -82,7 +84,9 @@ class GateConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"Unknown GateConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ValueError(
+                f"Unknown GateConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         return cls(**data)
 
     def to_json_string(self) -> str:

@@ -60,7 +60,11 @@ DECODER_FUSED_QKV = AttentionFamily(
     block=r"layers\.(\d+)\.self_attn", query="qkv_proj", key="qkv_proj", value="qkv_proj", output="o_proj"
 )
 BERT = AttentionFamily(
-    block=r"layer\.(\d+)\.attention", query="self.query", key="self.key", value="self.value", output="output.dense"
+    block=r"layer\.(\d+)\.attention",
+    query="self.query",
+    key="self.key",
+    value="self.value",
+    output="output.dense",
 )
 VIT = AttentionFamily(
     block=r"layers?\.(\d+)\.attention", query="q_proj", key="k_proj", value="v_proj", output="o_proj"
@@ -87,7 +91,9 @@ def register_family(model_type: str, family: AttentionFamily, *, overwrite: bool
     if not isinstance(family, AttentionFamily):
         raise TypeError(f"family must be an AttentionFamily, got {type(family).__name__}")
     if model_type in _FAMILIES and not overwrite:
-        raise ValueError(f"model type {model_type!r} is already registered; pass overwrite=True to replace it")
+        raise ValueError(
+            f"model type {model_type!r} is already registered; pass overwrite=True to replace it"
+        )
     _FAMILIES[model_type] = family
 
 
@@ -100,6 +106,7 @@ def family_for(model_type: str) -> AttentionFamily:
     if model_type not in _FAMILIES:
         raise ValueError(
             f"model type {model_type!r} is not supported; supported: {', '.join(supported_model_types())}. "
-            "Describe its attention layout with hf_gate_attention.register_family(model_type, AttentionFamily(...))."
+            "Describe its attention layout with "
+            "hf_gate_attention.register_family(model_type, AttentionFamily(...))."
         )
     return _FAMILIES[model_type]

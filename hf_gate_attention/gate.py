@@ -5,8 +5,9 @@ Formulas (per token; `G` gated heads, `D` head_dim, `s` = 2 for `init="identity"
 - `output` (paper G1): `g = s * sigmoid(X W + b)`, `W: (hidden, G*w)`, `O'[h] = O[h] * g[h]`, applied to the
   attention output `O` before the output projection. `G` = query heads.
 - `value` (paper G2): the same formula on the value projection's output; `G` = key/value heads (GQA).
-- `qk` (source article): `g[h] = s * sigmoid(W[h] [q_h; k_h] + b[h])` from the query and key of the same position
-  (head `h` reads key head `h // (H / KV)`), `W: (H, w, 2D)`. Multiplying row `i` of `softmax(Q K^T / sqrt(D))`
+- `qk` (source article): `g[h] = s * sigmoid(W[h] [q_h; k_h] + b[h])` from the query and key of the same
+  position (head `h` reads key head `h // (H / KV)`), `W: (H, w, 2D)`. Multiplying row `i` of
+  `softmax(Q K^T / sqrt(D))`
   by `g_i` equals multiplying output row `i` by `g_i`, so the gate is applied to the attention output like
   `output`, never materialising the L x L matrix. `q`/`k` are the projections' outputs, before rotary
   embeddings or q/k norms (the article has neither).
@@ -72,7 +73,9 @@ class AttentionGate(nn.Module):
             f"top_k={self.top_k}"
         )
 
-    def logits(self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None):
+    def logits(
+        self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None
+    ):
         """Gate logits `(..., G, w)` from `x: (..., hidden)` or from `q: (..., H*D)` and `k: (..., KV*D)`."""
         if self.variant != "qk":
             z = nn.functional.linear(x, self.weight, self.bias)  # (..., G*w)
@@ -83,7 +86,9 @@ class AttentionGate(nn.Module):
         qk = torch.cat([q, k], dim=-1).to(self.weight.dtype)  # (..., H, 2D)
         return torch.einsum("...hc,hwc->...hw", qk, self.weight) + self.bias
 
-    def forward(self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None
+    ):
         """Gate values `(..., G, w)` in float32, top-k sparsified when configured."""
         gate = self.scale * torch.sigmoid(self.logits(x, q, k).float())
         if self.top_k is not None:
@@ -94,6 +99,6 @@ class AttentionGate(nn.Module):
 
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Multiply `values: (..., G*D)` (head-major) by `gate: (..., G, w)`, `w` in {1, D}; keeps `values.dtype`."""
+    """Multiply `values: (..., G*D)` (head-major) by `gate: (..., G, w)`, `w` in {1, D}; keeps the dtype."""
     heads = values.unflatten(-1, (gate.shape[-2], -1))  # (..., G, D)
     return (heads * gate.to(values.dtype)).flatten(-2)

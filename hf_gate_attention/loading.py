@@ -38,15 +38,17 @@ def from_pretrained(path: str, model_class=None, **kwargs):
 
     Args:
         path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry.
-        model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`); defaults to
-            the class named in `config.architectures`.
+        model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
+            defaults to the class named in `config.architectures`.
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir") if k in kwargs}
     config = transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
     gate_dict = getattr(config, CONFIG_ATTRIBUTE, None)
     if gate_dict is None:
-        raise ValueError(f"{path} is not a gated checkpoint: its config.json has no {CONFIG_ATTRIBUTE!r} entry")
+        raise ValueError(
+            f"{path} is not a gated checkpoint: its config.json has no {CONFIG_ATTRIBUTE!r} entry"
+        )
     if model_class is None:
         model_class = getattr(transformers, (config.architectures or ["AutoModel"])[0])
     delattr(config, CONFIG_ATTRIBUTE)

@@ -1,7 +1,7 @@
 """`patch` / `unpatch`: add gates to the self-attention blocks of one model instance, reversibly.
 
-Each patched block gets a submodule `attn_gate` (state_dict keys `...<block>.attn_gate.weight/bias`) and forward
-hooks on its own projection modules: the query projection's hook keeps `X` (its input) or `q`, the key
+Each patched block gets a submodule `attn_gate` (state_dict keys `...<block>.attn_gate.weight/bias`) and
+forward hooks on its own projection modules: the query projection's hook keeps `X` (its input) or `q`, the key
 projection's keeps `k`, the value projection's gates `V` (variant `value`), and a pre-hook on the output
 projection multiplies its input, the attention output, by the gate. No class is modified; the hooks follow the
 modules currently at the family's paths, so wrapping projections later (PEFT LoRA) keeps the gate in front of
@@ -92,7 +92,8 @@ class _BlockPatch:
         def hook(module, args, output):
             parts = {"query": output, "key": output, "value": output}
             if self.family.fused_qkv:  # output: (..., q_size + 2 * kv_size) laid out [q | k | v]
-                parts = dict(zip(("query", "key", "value"), output.split([self.q_size, self.kv_size, self.kv_size], -1)))
+                split = output.split([self.q_size, self.kv_size, self.kv_size], -1)
+                parts = dict(zip(("query", "key", "value"), split, strict=True))
             if self.variant == "output" and "query" in roles:
                 self.stash["x"] = args[0]
             if self.variant == "qk":
@@ -201,7 +202,7 @@ def patch(
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Remove every gate and hook added by `patch`; the module structure, state_dict and outputs are restored."""
+    """Remove every gate and hook added by `patch`: module structure, state_dict and outputs are restored."""
     base = unwrap_model(model)
     if not is_patched(base):
         raise ValueError("this model is not patched with gated attention")

@@ -36,7 +36,7 @@ def test_json_round_trip_and_normalised_layers():
 def test_unknown_fields_are_refused():
     with pytest.raises(ValueError, match="Unknown GateConfig field"):
         GateConfig.from_dict({"variant": "output", "gate_size": 3})
-    with pytest.raises(ValueError, match="Unknown GateConfig field.*granulrity"):
+    with pytest.raises(ValueError, match=r"Unknown GateConfig field.*granulrity"):
         GateConfig().replace(granulrity="headwise")
 
 

@@ -71,7 +71,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(variant):
     assert model.model.gradient_checkpointing
     loss_ckpt, grads_ckpt = _loss_and_gate_grads(model, inputs)
     torch.testing.assert_close(loss_ckpt, loss)
-    for g_ckpt, g in zip(grads_ckpt, grads):
+    for g_ckpt, g in zip(grads_ckpt, grads, strict=True):
         torch.testing.assert_close(g_ckpt, g)
 
 
@@ -108,7 +108,10 @@ def test_peft_lora_on_a_patched_model_trains_gates_and_reloads(tmp_path):
     peft = pytest.importorskip("peft")
     model = _gated()
     lora = peft.LoraConfig(
-        r=4, target_modules=["q_proj", "v_proj", "o_proj"], modules_to_save=["attn_gate"], init_lora_weights=False
+        r=4,
+        target_modules=["q_proj", "v_proj", "o_proj"],
+        modules_to_save=["attn_gate"],
+        init_lora_weights=False,
     )
     peft_model = peft.get_peft_model(model, lora)
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
@@ -116,11 +119,13 @@ def test_peft_lora_on_a_patched_model_trains_gates_and_reloads(tmp_path):
 
     inputs = tiny_inputs("llama")
     optimizer = torch.optim.SGD([p for p in peft_model.parameters() if p.requires_grad], lr=0.5)
-    before = [p.detach().clone() for n, p in peft_model.named_parameters() if "attn_gate" in n and p.requires_grad]
+    before = [
+        p.detach().clone() for n, p in peft_model.named_parameters() if "attn_gate" in n and p.requires_grad
+    ]
     peft_model(**inputs, labels=inputs["input_ids"]).loss.backward()
     optimizer.step()
     after = [p for n, p in peft_model.named_parameters() if "attn_gate" in n and p.requires_grad]
-    assert all(not torch.equal(a, b) for a, b in zip(after, before))
+    assert all(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
 
     peft_model.eval()
     peft_model.save_pretrained(tmp_path)
@@ -152,19 +157,28 @@ def test_trainer_lowers_the_loss_and_updates_the_gates(tmp_path):
     dataset = [{"input_ids": row, "labels": row} for row in ids]
     gates_before = [p.detach().clone() for p in gate_parameters(model)]
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), max_steps=12, per_device_train_batch_size=8, learning_rate=1e-2,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        output_dir=str(tmp_path),
+        max_steps=12,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset)
     trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert losses[-1] < losses[0] * 0.9
-    assert all(not torch.equal(p, b) for p, b in zip(gate_parameters(model), gates_before))
+    assert all(not torch.equal(p, b) for p, b in zip(gate_parameters(model), gates_before, strict=True))
 
 
 @pytest.mark.parametrize("model_type", ["llama", "bert", "vit", "phi3"])
 def test_save_pretrained_then_from_pretrained_restores_the_gated_model(model_type, tmp_path):
-    model = patch(tiny_model(model_type), variant="qk", granularity="headwise", init="paper", top_k=2, layers=[1])
+    model = patch(
+        tiny_model(model_type), variant="qk", granularity="headwise", init="paper", top_k=2, layers=[1]
+    )
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["gate_attention"] == hf_gate_attention.gate_config_of(model).to_dict()

@@ -20,7 +20,6 @@ from hf_gate_attention import (
     unpatch,
 )
 from hf_gate_attention.families import _FAMILIES
-from hf_gate_attention.patching import find_attention_blocks
 
 FAMILIES = sorted(TINY_MODELS)
 
@@ -76,7 +75,9 @@ def test_patch_returns_model_with_new_state_dict_keys():
     model = tiny_model("llama")
     assert patch(model) is model
     added = [k for k in model.state_dict() if "attn_gate" in k]
-    assert added == [f"model.layers.{i}.self_attn.attn_gate.{p}" for i in range(2) for p in ("weight", "bias")]
+    assert added == [
+        f"model.layers.{i}.self_attn.attn_gate.{p}" for i in range(2) for p in ("weight", "bias")
+    ]
 
 
 def test_layers_selection_and_errors():
@@ -104,7 +105,9 @@ def test_double_patch_and_unpatch_errors():
 
 def test_unsupported_model_lists_types_and_points_to_register_family():
     config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=99)
-    with pytest.raises(ValueError, match=r"'gpt2' is not supported; supported: bert, dinov2.*register_family"):
+    with pytest.raises(
+        ValueError, match=r"'gpt2' is not supported; supported: bert, dinov2.*register_family"
+    ):
         patch(transformers.GPT2Model(config))
 
 
@@ -115,8 +118,17 @@ def test_register_family_for_a_new_model_type(monkeypatch):
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99)
     model = transformers.GPT2LMHeadModel(config).eval()
     # GPT-2 fuses q, k, v in a Conv1D: not a Linear, so the patcher must refuse with a clear error
-    register_family("gpt2", AttentionFamily(block=r"h\.(\d+)\.attn", query="c_attn", key="c_attn", value="c_attn",
-                                            output="c_proj", num_heads_attr="n_head"))
+    register_family(
+        "gpt2",
+        AttentionFamily(
+            block=r"h\.(\d+)\.attn",
+            query="c_attn",
+            key="c_attn",
+            value="c_attn",
+            output="c_proj",
+            num_heads_attr="n_head",
+        ),
+    )
     assert "gpt2" in supported_model_types()
     with pytest.raises(TypeError, match="expected a Linear projection, found Conv1D"):
         patch(model)

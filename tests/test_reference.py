@@ -25,7 +25,9 @@ def _rotate_half(x):
 
 
 def reference_block(block, family, x, mask, rope=None):
-    """Gated self-attention of one block up to the output projection. x: (B, L, hidden); mask: (B, 1, L, L)."""
+    """Gated self-attention of one block up to the output projection.
+
+    x: (B, L, hidden); mask: (B, 1, L, L) additive."""
     gate = block.attn_gate
     heads, kv_heads, dim, width = gate.num_heads, gate.num_kv_heads, gate.head_dim, gate.width
 
@@ -44,8 +46,10 @@ def reference_block(block, family, x, mask, rope=None):
     if gate.variant == "qk":
         group = heads // kv_heads
         g = torch.stack(
-            [sigmoid(torch.cat([q[:, :, h], k[:, :, h // group]], -1) @ gate.weight[h].T + gate.bias[h])
-             for h in range(heads)],
+            [
+                sigmoid(torch.cat([q[:, :, h], k[:, :, h // group]], -1) @ gate.weight[h].T + gate.bias[h])
+                for h in range(heads)
+            ],
             dim=2,
         )  # (B, L, H, width)
     else:
@@ -108,7 +112,9 @@ def test_block_matches_reference(model_type, variant, granularity, top_k):
         block(x, **kwargs)
         expected = reference_block(block, family, x, mask, rope)
     handle.remove()
-    rows = keep if causal else torch.ones_like(keep)  # fully masked query rows are undefined under causal masks
+    rows = (
+        keep if causal else torch.ones_like(keep)
+    )  # fully masked query rows are undefined under causal masks
     torch.testing.assert_close(captured[0][rows], expected[rows], atol=2e-5, rtol=1e-4)
 
 

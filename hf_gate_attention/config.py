@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 VARIANTS = ("output", "value", "qk")
 GRANULARITIES = ("headwise", "elementwise")
 INITS = ("identity", "paper")
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "triton")
 
 
 def _check_choice(name: str, value, accepted: tuple[str, ...]) -> None:
@@ -39,7 +39,10 @@ class GateConfig:
         layers (`tuple[int]`, *optional*):
             Indices of the layers to gate; `None` gates every self-attention layer.
         backend (`str`, *optional*, defaults to `"auto"`):
-            `"torch"` is the readable reference path; `"auto"` picks the fastest available (currently torch).
+            `"torch"`: the readable reference path. `"triton"`: our fused kernels (flash attention with the
+            gate in its epilogue for `output`/`qk`, a fused sigmoid-gate-multiply for `value`); needs Triton
+            and CUDA (or `TRITON_INTERPRET=1`). `"auto"`: `"triton"` when the model is on a CUDA device and
+            the kernels support it, else `"torch"`.
     """
 
     variant: str = "output"

@@ -87,15 +87,26 @@ class AttentionGate(nn.Module):
         return torch.einsum("...hc,hwc->...hw", qk, self.weight) + self.bias
 
     def forward(
-        self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None
+        self,
+        x: torch.Tensor | None = None,
+        q: torch.Tensor | None = None,
+        k: torch.Tensor | None = None,
+        logits_only: bool = False,
     ):
-        """Gate values `(..., G, w)` in float32, top-k sparsified when configured."""
-        gate = self.scale * torch.sigmoid(self.logits(x, q, k).float())
+        """Gate values `(..., G, w)` in float32, top-k sparsified when configured.
+
+        With `logits_only=True`, returns `(logits (..., G, w), keep (..., G) or None)` instead, for the fused
+        kernels that apply `scale * sigmoid(logits) * keep` themselves.
+        """
+        logits = self.logits(x, q, k)
+        gate = self.scale * torch.sigmoid(logits.float())
+        keep = None
         if self.top_k is not None:
             score = gate.mean(-1)  # (..., G)
             keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
-            gate = gate * keep.unsqueeze(-1)
-        return gate
+        if logits_only:
+            return logits, keep
+        return gate if keep is None else gate * keep.unsqueeze(-1)
 
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from . import fused
 from .config import GateConfig
 from .families import AttentionFamily, family_for
 from .gate import AttentionGate, apply_gate
@@ -22,6 +23,7 @@ from .gate import AttentionGate, apply_gate
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
 _PATCHES_ATTRIBUTE = "_gate_attention_patches"
+_PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -41,16 +43,23 @@ def _linear_features(module: nn.Module) -> tuple[int, int]:
 class _BlockPatch:
     """The hooks of one patched attention block and the tensors they pass from projection to projection."""
 
-    def __init__(self, block: nn.Module, family: AttentionFamily, config: GateConfig, geometry: dict):
+    def __init__(
+        self, block: nn.Module, family: AttentionFamily, config: GateConfig, geometry: dict, backend: str
+    ):
         self.block = block
         self.family = family
         self.variant = config.variant
+        self.scale = config.gate_scale
+        self.backend = backend
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
         self.block_handle = block.register_forward_pre_hook(self._sync_hooks)
         self._sync_hooks(block, ())
+        if backend == "triton" and self.variant != "value":
+            for module in block.modules():
+                fused.BLOCK_PATCHES[module] = self
 
     def _roles(self) -> dict[str, set[str]]:
         """Projection path -> the roles it plays (a fused qkv projection plays three)."""
@@ -84,6 +93,8 @@ class _BlockPatch:
             self._remove(path)
         self.block_handle.remove()
         self.stash.clear()
+        for module in self.block.modules():
+            fused.BLOCK_PATCHES.pop(module, None)
 
     def _gate(self) -> nn.Module:
         return getattr(self.block, GATE_MODULE_NAME)
@@ -101,7 +112,7 @@ class _BlockPatch:
                     if role in roles:
                         self.stash[name] = parts[role]
             if self.variant == "value" and "value" in roles:
-                gated = apply_gate(parts["value"], self._gate()(x=args[0]))
+                gated = self._apply(parts["value"], {"x": args[0]})
                 if not self.family.fused_qkv:
                     return gated
                 return torch.cat([parts["query"], parts["key"], gated], dim=-1)
@@ -109,16 +120,34 @@ class _BlockPatch:
 
         return hook
 
-    def _before_output(self, module, args):
+    def _take_inputs(self) -> dict[str, torch.Tensor]:
+        """The stashed gate inputs of this forward: `x` (output gate) or `q` and `k` (qk gate)."""
         names = ("x",) if self.variant == "output" else ("q", "k")
         try:
-            inputs = {name: self.stash.pop(name) for name in names}
+            return {name: self.stash.pop(name) for name in names}
         except KeyError as missing:
             raise RuntimeError(
                 f"gated attention: the output projection ran before the {missing} projection of this block; "
                 "the block's forward does not follow the registered AttentionFamily layout"
             ) from None
-        return (apply_gate(args[0], self._gate()(**inputs)), *args[1:])
+
+    def _apply(self, values: torch.Tensor, inputs: dict) -> torch.Tensor:
+        """Gate `values: (..., G*D)` with the gate computed from `inputs`, on this patch's backend."""
+        if self.backend == "triton":
+            logits, keep = self._gate()(**inputs, logits_only=True)
+            return fused.fused_gate_multiply(values, logits, self.scale, keep)
+        return apply_gate(values, self._gate()(**inputs))
+
+    def take_gate_logits(self):
+        """For the fused attention function: `(logits (B, L, H, w), keep (B, L, H) or None, scale)`."""
+        logits, keep = self._gate()(**self._take_inputs(), logits_only=True)
+        self.stash["fused"] = True
+        return logits, keep, self.scale
+
+    def _before_output(self, module, args):
+        if self.stash.pop("fused", False):  # the attention function already applied the gate
+            return None
+        return (self._apply(args[0], self._take_inputs()), *args[1:])
 
 
 def _geometry(model_config, family: AttentionFamily, block: nn.Module) -> dict:
@@ -177,22 +206,28 @@ def patch(
     if missing:
         raise ValueError(f"GateConfig.layers {missing} not found; this model has layers 0..{max(blocks)}")
 
+    geometries = {index: _geometry(model_config, family, blocks[index]) for index in layers}
+    query_weight = blocks[layers[0]].get_submodule(family.query).weight
+    backend = fused.resolve_backend(config, model_config, geometries[layers[0]]["head_dim"], query_weight)
+
     patches = []
     for index in layers:
         block = blocks[index]
-        geometry = _geometry(model_config, family, block)
-        query_weight = block.get_submodule(family.query).weight
         gate = AttentionGate(
             config,
-            **geometry,
+            **geometries[index],
             init_std=getattr(model_config, "initializer_range", 0.02),
             dtype=query_weight.dtype,
             device=query_weight.device,
         )
         block.add_module(GATE_MODULE_NAME, gate)
-        patches.append(_BlockPatch(block, family, config, geometry))
+        patches.append(_BlockPatch(block, family, config, geometries[index], backend))
     setattr(base, _PATCHES_ATTRIBUTE, patches)
     setattr(model_config, CONFIG_ATTRIBUTE, config.to_dict())
+    if backend == "triton" and config.variant != "value":
+        fused.register_attention_implementation()
+        setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, model_config._attn_implementation)
+        base.set_attn_implementation(fused.ATTN_IMPLEMENTATION)
     if train_gates_only:
         for param in model.parameters():
             param.requires_grad_(False)
@@ -210,6 +245,9 @@ def unpatch(model: nn.Module) -> nn.Module:
         block_patch.remove()
         delattr(block_patch.block, GATE_MODULE_NAME)
     delattr(base, _PATCHES_ATTRIBUTE)
+    if hasattr(base, _PREVIOUS_ATTN_ATTRIBUTE):
+        base.set_attn_implementation(getattr(base, _PREVIOUS_ATTN_ATTRIBUTE))
+        delattr(base, _PREVIOUS_ATTN_ATTRIBUTE)
     if hasattr(base.config, CONFIG_ATTRIBUTE):
         delattr(base.config, CONFIG_ATTRIBUTE)
     return model

@@ -9,6 +9,10 @@ import torch
 import transformers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if (
+    not torch.cuda.is_available()
+):  # run the Triton kernels through the interpreter (read when they are defined)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 transformers.logging.set_verbosity_error()
 
 VARIANTS = ("output", "value", "qk")

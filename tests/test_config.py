@@ -11,7 +11,7 @@ from hf_gate_attention import GateConfig
         ("variant", "gate", "output, value, qk"),
         ("granularity", "channelwise", "headwise, elementwise"),
         ("init", "zeros", "identity, paper"),
-        ("backend", "cuda", "auto, torch"),
+        ("backend", "cuda", "auto, torch, triton"),
         ("top_k", 0, "None or an int >= 1"),
         ("top_k", True, "None or an int >= 1"),
         ("top_k", 1.5, "None or an int >= 1"),

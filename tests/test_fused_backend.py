@@ -1,0 +1,89 @@
+"""`GateConfig(backend="triton")`: patched models on the fused kernels equal the torch reference path.
+
+On this CPU machine the kernels run through Triton's interpreter (`TRITON_INTERPRET=1`, set in conftest).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_inputs, tiny_model
+
+pytest.importorskip("triton")
+
+import hf_gate_attention.kernels
+from hf_gate_attention import gate_parameters, patch, unpatch
+from hf_gate_attention.fused import ATTN_IMPLEMENTATION
+
+
+def _run(model_type, backend, variant, top_k, inputs):
+    model = tiny_model(model_type, attn_implementation="sdpa")
+    patch(model, variant=variant, granularity="elementwise", init="paper", top_k=top_k, backend=backend)
+    logits = model(**inputs).logits
+    logits.float().pow(2).sum().backward()
+    named = dict(model.named_parameters())
+    grads = {n: named[n].grad for n in named if "attn_gate" in n or "layers.0.self_attn.q_proj" in n}
+    return model, logits.detach(), grads
+
+
+@pytest.mark.parametrize("top_k", [None, 2])
+@pytest.mark.parametrize("variant", ["output", "qk", "value"])
+@pytest.mark.parametrize("model_type", ["llama", "bert"])
+def test_triton_backend_matches_torch_forward_and_backward(model_type, variant, top_k):
+    inputs = tiny_inputs(model_type, batch=2, length=9)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs["attention_mask"][0, :3] = 0  # left padding in the first sequence
+    _, expected, expected_grads = _run(model_type, "torch", variant, top_k, inputs)
+    model, logits, grads = _run(model_type, "triton", variant, top_k, inputs)
+    fused_attention = variant != "value"
+    assert (model.config._attn_implementation == ATTN_IMPLEMENTATION) == fused_attention
+    rows = inputs["attention_mask"].bool() if model_type == "llama" else slice(None)  # skip padded queries
+    torch.testing.assert_close(logits[rows], expected[rows], atol=1e-5, rtol=1e-4)
+    assert grads.keys() == expected_grads.keys() and len(grads) > 1
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    unpatch(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_triton_backend_generate_with_kv_cache():
+    model = patch(tiny_model("llama"), variant="qk", init="paper", backend="triton")
+    reference = patch(tiny_model("llama"), variant="qk", init="paper", backend="torch")
+    prompt = tiny_inputs("llama", batch=1, length=5)["input_ids"]
+    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        expected = reference.generate(prompt, **settings)
+        assert torch.equal(model.generate(prompt, use_cache=True, **settings), expected)
+
+
+def test_triton_unavailable_names_the_fallback(monkeypatch):
+    monkeypatch.setattr(hf_gate_attention.kernels, "triton_available", lambda: (False, "no CUDA GPU"))
+    model = tiny_model("llama")
+    with pytest.raises(
+        ValueError, match=r"backend='triton'\) cannot run here: no CUDA GPU. Fallback: backend='torch'"
+    ):
+        patch(model, backend="triton")
+    patch(model, backend="auto")  # auto falls back to the torch path
+    assert model.config._attn_implementation == "eager"
+
+
+def test_unsupported_head_dim_and_options_are_refused():
+    with pytest.raises(ValueError, match=r"head_dim=12 is not supported.*supported head dims"):
+        patch(tiny_model("llama", head_dim=12), backend="triton")
+    with pytest.raises(ValueError, match="does not support sliding_window"):
+        patch(tiny_model("mistral", sliding_window=4), backend="triton")
+    value_gated = patch(tiny_model("mistral", sliding_window=4), variant="value", backend="triton")
+    assert len(list(gate_parameters(value_gated))) == 4  # value gates never replace the attention
+
+
+def test_auto_on_cpu_keeps_the_torch_path():
+    model = patch(tiny_model("llama"), backend="auto")
+    assert model.config._attn_implementation == "eager"
+
+
+def test_attention_dropout_is_refused_not_ignored():
+    model = patch(
+        tiny_model("bert", attention_probs_dropout_prob=0.1), init="paper", backend="triton"
+    ).train()
+    with pytest.raises(ValueError, match="no attention dropout"):
+        model(**tiny_inputs("bert"))

@@ -233,7 +233,9 @@ def main() -> None:
     parser.add_argument(
         "--cases", nargs="+", choices=list(CASES), default=list(CASES), metavar="CASE", help=", ".join(CASES)
     )
-    parser.add_argument("--no-train", action="store_true", help="prefill only")
+    parser.add_argument(
+        "--phases", nargs="+", choices=["prefill", "train"], default=["prefill", "train"], help="what to time"
+    )
     parser.add_argument(
         "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
     )
@@ -243,7 +245,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model_path = resolve_model(args.model)
-    phases = ["prefill"] if args.no_train else ["prefill", "train"]
+    phases = args.phases
     rows = time_cases(Bench(load_model(model_path), args.seq_len), phases, args.cases, args.repeats)
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # read by glibc when the child starts
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:

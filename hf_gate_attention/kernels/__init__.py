@@ -1,0 +1,30 @@
+"""Fused Triton kernels of gated attention (`GateConfig(backend="triton")`), beside readable references.
+
+- `gated_flash_attention`: flash attention with the sigmoid gate (output gate or the `qk` gate's per-query,
+  per-head scale) in the epilogue, forward and backward, causal or not, key padding, GQA, top-k tile skipping.
+- `sigmoid_gate_multiply`: `values * s * sigmoid(z) * keep` in one pass, for attention from another backend
+  and for the value gate.
+
+Both are `torch.library` custom ops (`hf_gate_attention::*`) with fake implementations, so `torch.compile`
+traces them without graph breaks. `reference.py` holds the PyTorch references they are tested against.
+Check `triton_available()` and `check_supported(head_dim, dtype)` before choosing this backend.
+"""
+
+from .ops import (
+    SUPPORTED_DTYPES,
+    check_supported,
+    gated_flash_attention,
+    sigmoid_gate_multiply,
+    triton_available,
+)
+from .reference import gated_attention_reference, sigmoid_gate_multiply_reference
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "check_supported",
+    "gated_attention_reference",
+    "gated_flash_attention",
+    "sigmoid_gate_multiply",
+    "sigmoid_gate_multiply_reference",
+    "triton_available",
+]

@@ -1,0 +1,319 @@
+"""Custom ops, autograd and functional API of the Triton kernels, with their input checks.
+
+Layers (as in flash-attention): Triton kernel + launcher (`gated_attention.py`, `gate_multiply.py`) ->
+`torch.library` custom op per direction, with a fake implementation so that `torch.compile` traces through
+it -> one `torch.autograd.Function` per op -> the functional API. The kernel modules are imported on first
+use, so that this module imports without Triton and `TRITON_INTERPRET` may be set until the first call.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def triton_available() -> tuple[bool, str]:
+    """Whether the Triton kernels can run here, and why (or why not).
+
+    They need Triton and a CUDA GPU, or `TRITON_INTERPRET=1` (set before the first call) to run them on CPU
+    tensors through Triton's interpreter, slowly (for tests)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False, "Triton is not installed (`pip install triton`); use GateConfig(backend='torch')"
+    if torch.cuda.is_available():
+        return True, "Triton and a CUDA GPU"
+    if _interpreting():
+        return True, "Triton's interpreter (TRITON_INTERPRET=1): CPU tensors, slow"
+    return False, (
+        "the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to run them on CPU, slowly); "
+        "use GateConfig(backend='torch')"
+    )
+
+
+def check_supported(head_dim: int, dtype: torch.dtype) -> None:
+    """Raise `ValueError` naming what the fused attention kernel supports if `head_dim` or `dtype` is not."""
+    if not (head_dim % 8 == 0 and 8 <= head_dim <= MAX_HEAD_DIM):
+        raise ValueError(
+            f"head_dim={head_dim} is not supported by the Triton attention kernel: supported head dims are "
+            f"multiples of 8 from 8 to {MAX_HEAD_DIM} (e.g. 32, 64, 80, 96, 128); "
+            "use GateConfig(backend='torch')"
+        )
+    _check_dtype(dtype)
+
+
+def _check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"dtype {dtype} is not supported by the Triton kernels: supported dtypes are "
+            f"{', '.join(str(t) for t in SUPPORTED_DTYPES)}; use GateConfig(backend='torch')"
+        )
+
+
+def _require_triton(device: torch.device) -> None:
+    available, reason = triton_available()
+    if not available:
+        raise RuntimeError(f"backend='triton' is unavailable: {reason}")
+    if device.type != "cuda" and not _interpreting():
+        raise RuntimeError(
+            f"the Triton kernels run on CUDA tensors, got {device.type} tensors (set TRITON_INTERPRET=1 to "
+            "run them on CPU, slowly); use GateConfig(backend='torch')"
+        )
+
+
+# --- Fused gated flash attention ---
+
+
+@torch.library.custom_op("hf_gate_attention::gated_attention_fwd", mutates_args=())
+def _gated_attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    gate_scale: float,
+    causal: bool,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _require_triton(q.device)
+    from .gated_attention import gated_attention_forward
+
+    return gated_attention_forward(q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale)
+
+
+@_gated_attention_fwd.register_fake
+def _(q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale):
+    batch, heads, length, dim = q.shape
+    out = q.new_empty(batch, length, heads, dim)
+    lse = q.new_empty(batch, heads, length, dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("hf_gate_attention::gated_attention_bwd", mutates_args=())
+def _gated_attention_bwd(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    gate_scale: float,
+    causal: bool,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k, v and of the gate logits (an empty tensor without gate logits)."""
+    _require_triton(q.device)
+    from .gated_attention import gated_attention_backward
+
+    grad_q, grad_k, grad_v, grad_logits = gated_attention_backward(
+        grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, gate_scale, causal, sm_scale
+    )
+    return grad_q, grad_k, grad_v, grad_logits if grad_logits is not None else q.new_empty(0)
+
+
+@_gated_attention_bwd.register_fake
+def _(grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, gate_scale, causal, sm_scale):
+    grad_logits = gate_logits.new_empty(gate_logits.shape) if gate_logits is not None else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_logits
+
+
+class GatedFlashAttention(torch.autograd.Function):
+    """Autograd of the fused gated attention: saves the inputs, the gated output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale):
+        out, lse = _gated_attention_fwd(
+            q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale
+        )
+        ctx.save_for_backward(q, k, v, gate_logits, keep, key_padding_mask, out, lse)
+        ctx.gate_scale, ctx.causal, ctx.sm_scale = gate_scale, causal, sm_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, gate_logits, keep, key_padding_mask, out, lse = ctx.saved_tensors
+        grad_q, grad_k, grad_v, grad_logits = _gated_attention_bwd(
+            grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, ctx.gate_scale, ctx.causal,
+            ctx.sm_scale,
+        )  # fmt: skip
+        grad_logits = grad_logits if gate_logits is not None else None
+        return grad_q, grad_k, grad_v, grad_logits, None, None, None, None, None
+
+
+def _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask) -> None:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(
+            f"expected q (B, H, L, D) and k, v (B, KV, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+    batch, heads, length, dim = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    if k.shape[0] != batch or k.shape[3] != dim or heads % kv_heads or not (length and keys):
+        raise ValueError(
+            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} disagree: same batch and head_dim, heads a "
+            "multiple of the key/value heads, and non-empty sequences are needed"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_supported(dim, q.dtype)
+    if gate_logits is not None and (
+        gate_logits.shape[:3] != (batch, length, heads) or gate_logits.shape[3] not in (1, dim)
+    ):
+        raise ValueError(
+            f"gate_logits must have shape (B, L, H, 1) or (B, L, H, D) = ({batch}, {length}, {heads}, 1 or "
+            f"{dim}); got {tuple(gate_logits.shape)}"
+        )
+    if keep is not None and keep.shape != (batch, length, heads):
+        raise ValueError(
+            f"keep must have shape (B, L, H) = {(batch, length, heads)}; got {tuple(keep.shape)}"
+        )
+    if key_padding_mask is not None and (
+        key_padding_mask.shape != (batch, keys) or key_padding_mask.dtype != torch.bool
+    ):
+        raise ValueError(
+            f"key_padding_mask must be a bool tensor of shape (B, S) = {(batch, keys)}; got "
+            f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+        )
+
+
+def gated_flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None = None,
+    gate_scale: float = 1.0,
+    keep: torch.Tensor | None = None,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Fused gated flash attention: `softmax(q k^T * sm_scale) v * gate_scale * sigmoid(gate_logits) * keep`.
+
+    Never materialises the L x S weights; the gate (sigmoid in float32) is applied in the kernel's epilogue.
+    Differentiable in q, k, v and gate_logits.
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, L, D)`): queries; float16, bfloat16 or float32.
+        k, v (`torch.Tensor` of shape `(B, KV, S, D)`): keys and values, `H` a multiple of `KV` (GQA).
+        gate_logits (`torch.Tensor` of shape `(B, L, H, w)`, *optional*): `w` = 1 (headwise) or D
+            (elementwise); `None` for no sigmoid gate.
+        gate_scale (`float`, *optional*, defaults to 1.0): `s` in `g = s * sigmoid(z)` (2 for identity init).
+        keep (`torch.Tensor` of shape `(B, L, H)`, *optional*): 0/1 top-k mask; (query block, head) tiles of
+            zeros are skipped.
+        causal (`bool`, *optional*, defaults to `False`): query `i` sees key `j <= i + S - L`.
+        key_padding_mask (`torch.Tensor` of shape `(B, S)`, *optional*): bool, True for keys to attend.
+        sm_scale (`float`, *optional*): score scale; defaults to `1 / sqrt(D)`.
+
+    Returns:
+        `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
+    """
+    _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask)
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    return GatedFlashAttention.apply(
+        q, k, v, gate_logits, keep, key_padding_mask, float(gate_scale), bool(causal), float(sm_scale)
+    )
+
+
+# --- Fused sigmoid-gate-multiply ---
+
+
+@torch.library.custom_op("hf_gate_attention::sigmoid_gate_multiply_fwd", mutates_args=())
+def _sigmoid_gate_multiply_fwd(
+    values: torch.Tensor, gate_logits: torch.Tensor, keep: torch.Tensor | None, gate_scale: float
+) -> torch.Tensor:
+    _require_triton(values.device)
+    from .gate_multiply import gate_multiply_forward
+
+    return gate_multiply_forward(values, gate_logits, keep, gate_scale)
+
+
+@_sigmoid_gate_multiply_fwd.register_fake
+def _(values, gate_logits, keep, gate_scale):
+    return values.new_empty(values.shape)
+
+
+@torch.library.custom_op("hf_gate_attention::sigmoid_gate_multiply_bwd", mutates_args=())
+def _sigmoid_gate_multiply_bwd(
+    grad_out: torch.Tensor,
+    values: torch.Tensor,
+    gate_logits: torch.Tensor,
+    keep: torch.Tensor | None,
+    gate_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _require_triton(values.device)
+    from .gate_multiply import gate_multiply_backward
+
+    return gate_multiply_backward(grad_out, values, gate_logits, keep, gate_scale)
+
+
+@_sigmoid_gate_multiply_bwd.register_fake
+def _(grad_out, values, gate_logits, keep, gate_scale):
+    return values.new_empty(values.shape), gate_logits.new_empty(gate_logits.shape)
+
+
+class SigmoidGateMultiply(torch.autograd.Function):
+    """Autograd of the fused gate multiply: saves the values and the logits (the sigmoid is recomputed)."""
+
+    @staticmethod
+    def forward(ctx, values, gate_logits, keep, gate_scale):
+        ctx.save_for_backward(values, gate_logits, keep)
+        ctx.gate_scale = gate_scale
+        return _sigmoid_gate_multiply_fwd(values, gate_logits, keep, gate_scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        values, gate_logits, keep = ctx.saved_tensors
+        grad_values, grad_logits = _sigmoid_gate_multiply_bwd(
+            grad_out, values, gate_logits, keep, ctx.gate_scale
+        )
+        return grad_values, grad_logits, None, None
+
+
+def sigmoid_gate_multiply(
+    values: torch.Tensor,
+    gate_logits: torch.Tensor,
+    gate_scale: float = 1.0,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused `values * gate_scale * sigmoid(gate_logits) * keep` (sigmoid in float32), forward and backward in
+    one pass each. Differentiable in values and gate_logits.
+
+    Args:
+        values (`torch.Tensor` of shape `(*, G, D)`): per-head values (attention output or value projection),
+            float16, bfloat16 or float32, unit stride on D for a copy-free launch.
+        gate_logits (`torch.Tensor` of shape `(*, G, w)`): `w` = 1 (headwise) or D (elementwise).
+        gate_scale (`float`, *optional*, defaults to 1.0): `s` in `g = s * sigmoid(z)`.
+        keep (`torch.Tensor` of shape `(*, G)`, *optional*): 0/1 top-k mask.
+
+    Returns:
+        `torch.Tensor` shaped like `values`, in their dtype.
+    """
+    if (
+        values.dim() < 2
+        or gate_logits.shape[:-1] != values.shape[:-1]
+        or gate_logits.shape[-1]
+        not in (
+            1,
+            values.shape[-1],
+        )
+    ):
+        raise ValueError(
+            f"gate_logits must have shape (*, G, 1) or (*, G, D) for values (*, G, D) = "
+            f"{tuple(values.shape)}; got {tuple(gate_logits.shape)}"
+        )
+    if keep is not None and keep.shape != values.shape[:-1]:
+        raise ValueError(f"keep must have shape (*, G) = {tuple(values.shape[:-1])}; got {tuple(keep.shape)}")
+    _check_dtype(values.dtype)
+    return SigmoidGateMultiply.apply(values, gate_logits, keep, float(gate_scale))

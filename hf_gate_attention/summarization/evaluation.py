@@ -1,0 +1,276 @@
+"""Evaluation of a trained run: greedy summaries of the test split, ROUGE with bootstrap CIs, inference speed.
+
+(Not named `evaluate.py`: that would shadow the `evaluate` package.)
+
+Speed is measured on single prompts (batch 1) with a plain KV-cache loop, so that prefill (the prompt's
+forward pass) and decode (one token per forward pass) are timed apart and every model decodes the same number
+of tokens. `interleaved_speed` alternates the models round by round on the same prompts, so that a slow phase
+of a shared machine hits them all alike.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import logging
+import re
+import statistics
+import threading
+import time
+
+import datasets
+import numpy as np
+import psutil
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from ..loading import from_pretrained as load_gated
+from .config import RecipeConfig, RunSpec
+from .data import DataCollatorForSummarization, build_prompt
+from .rouge import ROUGE_TYPES, bootstrap_ci, load_rouge_metric
+from .train import import_peft, load_pretrained
+
+logger = logging.getLogger(__name__)
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def inference_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def inference_dtype(config: RecipeConfig) -> torch.dtype:
+    """bfloat16 / float16 when the run trained in that precision, else float32."""
+    return torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else torch.float32
+
+
+def load_trained_model(config: RecipeConfig, run: RunSpec, model_path: str):
+    """The model of `run` as trained (the pretrained one, patched, when it was not trained), in eval mode."""
+    final = config.run_dir / run.name / "model"
+    dtype = inference_dtype(config)
+    kwargs = {"dtype": dtype, "attn_implementation": config.attn_implementation}
+    if not final.is_dir():
+        model = load_pretrained(config, model_path, run, dtype)
+    elif config.train == "gates+lora":
+        base = load_pretrained(config, model_path, run, dtype)
+        model = import_peft().PeftModel.from_pretrained(base, str(final)).merge_and_unload()
+    elif run.gate is not None:
+        model = load_gated(str(final), AutoModelForCausalLM, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(final), **kwargs)
+    return model.to(inference_device()).eval()
+
+
+def generation_prompts(split: datasets.Dataset, tokenizer, config: RecipeConfig) -> list[list[int]]:
+    """Generation prompts (token ids) of a `document` split, built as for training."""
+    budget, truncation, instruction = config.doc_token_budget, config.truncation, config.instruction
+    return [
+        build_prompt(tokenizer, doc, budget, truncation, instruction)["input_ids"]
+        for doc in split["document"]
+    ]
+
+
+def _generation_config(model, tokenizer, max_new_tokens: int) -> GenerationConfig:
+    eos = model.generation_config.eos_token_id
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=tokenizer.eos_token_id if eos is None else eos,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+@torch.inference_mode()
+def generate_summaries(
+    model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int, desc: str = "Generating"
+) -> tuple[list[str], float]:
+    """Greedy summaries of `prompts`, batched with left padding; returns `(texts, wall seconds)`."""
+    collate = DataCollatorForSummarization(tokenizer.pad_token_id, padding_side="left")
+    generation_config = _generation_config(model, tokenizer, max_new_tokens)
+    device = next(model.parameters()).device
+    texts, start = [], time.perf_counter()
+    for i in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch"):
+        batch = collate([{"input_ids": ids} for ids in prompts[i : i + batch_size]])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        output = model.generate(**batch, generation_config=generation_config)  # (batch, prompt + new)
+        new_tokens = output[:, batch["input_ids"].shape[1] :]
+        texts += [t.strip() for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+    return texts, time.perf_counter() - start
+
+
+def sentences_per_line(text: str) -> str:
+    """One sentence per line (split after `.`, `!`, `?`), the input rougeLsum expects."""
+    return "\n".join(s for s in _SENTENCE_END.split(" ".join(text.split())) if s)
+
+
+def rouge_with_ci(
+    predictions: list[str], references: list[str], n_bootstrap: int, confidence: float, seed: int
+) -> tuple[dict, dict]:
+    """ROUGE x100 through the bundled `evaluate` module (rouge-score backend) with percentile bootstrap CIs.
+
+    Returns:
+        `({type: {"mean", "low", "high"}}, {type: [per-example scores]})` for the types in `ROUGE_TYPES`.
+    """
+    metric = load_rouge_metric()
+    per_example = metric.compute(
+        predictions=[sentences_per_line(p) for p in predictions],
+        references=[sentences_per_line(r) for r in references],
+        use_aggregator=False,
+    )
+    scores = {t: (100.0 * np.asarray(per_example[t])).tolist() for t in ROUGE_TYPES}
+    summary = {}
+    for rouge_type, values in scores.items():
+        low, high = bootstrap_ci(values, n_bootstrap, confidence, seed)
+        summary[rouge_type] = {"mean": float(np.mean(values)), "low": low, "high": high}
+    return summary, scores
+
+
+def evaluate_quality(
+    model, tokenizer, prompts: list[list[int]], references: list[str], config: RecipeConfig, run_name: str
+):
+    """Summaries of the test prompts and their ROUGE against `references`."""
+    predictions, seconds = generate_summaries(
+        model,
+        tokenizer,
+        prompts,
+        config.max_new_tokens,
+        config.generation_batch_size,
+        f"Generating ({run_name})",
+    )
+    rouge, per_example = rouge_with_ci(
+        predictions, references, config.n_bootstrap, config.confidence, config.seed
+    )
+    return {
+        "rouge": rouge,
+        "per_example": per_example,
+        "predictions": predictions,
+        "num_examples": len(prompts),
+        "generation_seconds_per_summary": seconds / len(prompts),
+        "mean_summary_words": float(np.mean([len(p.split()) for p in predictions])),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- speed
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def _summarize_one(model, input_ids: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """Greedy prefill + `new_tokens - 1` decode steps of one prompt `(1, length)`; returns their seconds."""
+    device = input_ids.device
+    _synchronize(device)
+    start = time.perf_counter()
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+    next_id = out.logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
+    _synchronize(device)
+    prefilled = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        out = model(input_ids=next_id, cache=out.cache, use_cache=True)
+        next_id = out.logits[:, -1].argmax(-1, keepdim=True)
+    _synchronize(device)
+    return prefilled - start, time.perf_counter() - prefilled
+
+
+def _time_round(model, prompts: list[torch.Tensor], new_tokens: int) -> dict:
+    prefill_s = decode_s = 0.0
+    for ids in prompts:
+        prefill, decode = _summarize_one(model, ids, new_tokens)
+        prefill_s, decode_s = prefill_s + prefill, decode_s + decode
+    return {
+        "prefill_tokens_per_s": sum(ids.shape[1] for ids in prompts) / prefill_s,
+        "decode_tokens_per_s": len(prompts) * (new_tokens - 1) / max(decode_s, 1e-9),
+        "seconds_per_summary": (prefill_s + decode_s) / len(prompts),
+    }
+
+
+def _release_free_memory() -> None:
+    """Give freed heap memory back to the OS, so that the next RSS peak measures new allocations."""
+    gc.collect()
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if hasattr(libc, "malloc_trim"):  # glibc
+        libc.malloc_trim(0)
+
+
+def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
+    """Peak memory while summarizing one prompt, in MiB: weights + activations + KV cache.
+
+    CUDA: the allocator's peak. CPU: the weights' bytes plus the peak rise of the process RSS (sampled every
+    millisecond) above its level before the call, an approximation.
+    """
+    device = input_ids.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        _summarize_one(model, input_ids, new_tokens)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    _release_free_memory()
+    process = psutil.Process()
+    before = peak = process.memory_info().rss
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.wait(0.001):
+            peak = max(peak, process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        _summarize_one(model, input_ids, new_tokens)
+    finally:
+        done.set()
+        sampler.join()
+    return (weights + max(peak, process.memory_info().rss) - before) / 2**20
+
+
+def interleaved_speed(
+    models: dict, prompts: list[list[int]], rounds: int, new_tokens: int
+) -> dict[str, dict]:
+    """Inference speed of each model on the same prompts, alternating the models within every round.
+
+    Round `r` runs the models in the order rotated by `r`; each model summarizes every prompt (batch 1,
+    exactly `new_tokens` greedy tokens) after one untimed warm-up.
+
+    Returns:
+        `{name: {"rounds": [per-round dicts], "prefill_tokens_per_s", "decode_tokens_per_s",
+        "seconds_per_summary" (medians over rounds), "peak_memory_mb", "prompt_tokens", "new_tokens"}}`.
+    """
+    device = inference_device()
+    inputs = [torch.tensor([ids], device=device) for ids in prompts]
+    names = list(models)
+    for name in names:
+        _summarize_one(models[name], inputs[0], min(new_tokens, 2))
+    per_round = {name: [] for name in names}
+    for r in tqdm(range(rounds), desc="Timing (interleaved rounds)", unit="round"):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            per_round[name].append(_time_round(models[name], inputs, new_tokens))
+    longest = max(inputs, key=lambda ids: ids.shape[1])
+    results = {}
+    for name in names:
+        rows = per_round[name]
+        results[name] = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+        results[name] |= {
+            "rounds": rows,
+            "peak_memory_mb": peak_memory_mb(models[name], longest, new_tokens),
+            "prompt_tokens": [ids.shape[1] for ids in inputs],
+            "new_tokens": new_tokens,
+            "device": str(device),
+        }
+    return results
+
+
+def predictions_jsonl(ids: list, predictions: list[str], references: list[str]) -> str:
+    """JSON lines `{"id", "prediction", "reference"}`, one per test example."""
+    rows = zip(ids, predictions, references, strict=True)
+    return "".join(
+        json.dumps({"id": i, "prediction": p, "reference": r}, ensure_ascii=False) + "\n" for i, p, r in rows
+    )

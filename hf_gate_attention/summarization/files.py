@@ -1,0 +1,92 @@
+"""Results folder of a comparison: atomic writes and the "does this folder hold a different run?" check.
+
+Layout of `<output_dir>/<name>/`:
+
+    config.json                      the RecipeConfig of the run (identity of the folder)
+    comparison.md / .csv / .json     the comparison table
+    loss_curves.png, rouge.png, speed.png
+    <run>/checkpoints/checkpoint-N/  Trainer checkpoints (resume)
+    <run>/model/                     final weights (or LoRA adapter + gates)
+    <run>/train_summary.json         written when training finished
+    <run>/quality.json               ROUGE of the test summaries, written when generation finished
+    <run>/predictions.jsonl          generated summaries
+    <run>/metrics.json               everything about the run: training, ROUGE with CIs, speed, deltas
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .config import RESUMABLE_KEYS, RecipeConfig, identity_differences
+
+CONFIG_FILE = "config.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file next to `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # same folder: os.replace stays atomic
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`, or `None` when the file does not exist."""
+    path = Path(path)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def check_run_dir(config: RecipeConfig) -> None:
+    """Refuse (`FileExistsError`) a results folder that holds something else than what `config` asks for.
+
+    Accepted: a missing or empty folder; any folder with `overwrite`; with `resume`, a folder holding the same
+    run (only `RESUMABLE_KEYS` may differ). Read-only, so every process of a distributed launch can run it.
+    """
+    run_dir = config.run_dir
+    if config.overwrite or not run_dir.exists() or not any(run_dir.iterdir()):
+        return
+    saved = read_json(run_dir / CONFIG_FILE)
+    if saved is None:
+        raise FileExistsError(
+            f"{run_dir} is not empty and holds no {CONFIG_FILE}: it is not a run of this recipe. Pass "
+            "--overwrite to delete it, or choose another --name / --output_dir."
+        )
+    differences = identity_differences(saved, config, RESUMABLE_KEYS if config.resume else ())
+    if differences:
+        now = config.to_dict()
+        changes = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in differences[:5])
+        raise FileExistsError(
+            f"{run_dir} holds a different run ({changes}). Pass --overwrite to replace it, or choose another "
+            f"--name. --resume may only change: {', '.join(RESUMABLE_KEYS)}."
+        )
+    if not config.resume:
+        raise FileExistsError(
+            f"{run_dir} already holds this run. Pass --resume to continue it, or --overwrite to start over."
+        )
+
+
+def claim_run_dir(config: RecipeConfig) -> None:
+    """Empty the folder when `overwrite`, create it and save the config (main process, after the check)."""
+    if config.overwrite and config.run_dir.exists():
+        shutil.rmtree(config.run_dir)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(config.run_dir / CONFIG_FILE, config.to_dict())

@@ -1,0 +1,100 @@
+"""PNG plots of a comparison (matplotlib, Agg backend): loss curves, ROUGE bars with CIs, speed bars."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from .files import atomic_write_bytes
+from .report import ROUGE_LABELS
+from .rouge import ROUGE_TYPES
+
+MATPLOTLIB_INSTALL = "pip install matplotlib"
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ModuleNotFoundError(f"the comparison plots need matplotlib: {MATPLOTLIB_INSTALL}") from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    _pyplot().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def plot_loss_curves(log_histories: dict[str, list[dict]], path: Path) -> None:
+    """Training loss per logged step (lines) and validation loss (dashed, when logged) of every run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, (name, history) in enumerate(log_histories.items()):
+        color = f"C{index}"
+        train = [(h["step"], h["loss"]) for h in history if "loss" in h]
+        valid = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+        if train:
+            ax.plot(*zip(*train, strict=True), color=color, label=f"{name} (train)")
+        if valid:
+            ax.plot(*zip(*valid, strict=True), "o--", color=color, label=f"{name} (validation)")
+    ax.set(xlabel="optimizer step", ylabel="loss", title="Loss curves")
+    if ax.has_data():
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no training logged", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+
+
+def _error_bars(values: list[float], lows: list[float], highs: list[float]) -> np.ndarray:
+    """Matplotlib `yerr` (2, n): distances from each value down to its low and up to its high."""
+    values = np.asarray(values)
+    return np.stack([values - np.asarray(lows), np.asarray(highs) - values])
+
+
+def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
+    """Grouped bars of mean ROUGE with bootstrap CIs; `rouge` is `{run: {type: {mean, low, high}}}`."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x, width = np.arange(len(ROUGE_TYPES)), 0.8 / len(rouge)
+    for index, (name, scores) in enumerate(rouge.items()):
+        means = [scores[t]["mean"] for t in ROUGE_TYPES]
+        errors = _error_bars(
+            means, [scores[t]["low"] for t in ROUGE_TYPES], [scores[t]["high"] for t in ROUGE_TYPES]
+        )
+        offset = (index - (len(rouge) - 1) / 2) * width
+        ax.bar(x + offset, means, width, yerr=errors, capsize=3, label=name)
+    ax.set_xticks(x, [ROUGE_LABELS[t] for t in ROUGE_TYPES])
+    ax.set(ylabel="F1 x100", title=f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def plot_speed(speed: dict[str, dict], path: Path) -> None:
+    """Prefill and decode throughput and seconds per summary of every run (median, min-max over rounds)."""
+    plt = _pyplot()
+    panels = (
+        ("prefill_tokens_per_s", "prefill tokens/s"),
+        ("decode_tokens_per_s", "decode tokens/s"),
+        ("seconds_per_summary", "seconds per summary"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.5))
+    names = list(speed)
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        medians = [speed[n][key] for n in names]
+        rounds = [[row[key] for row in speed[n]["rounds"]] for n in names]
+        errors = _error_bars(medians, [min(r) for r in rounds], [max(r) for r in rounds])
+        ax.bar(range(len(names)), medians, yerr=errors, capsize=3, color=[f"C{i}" for i in range(len(names))])
+        ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Inference speed (batch 1, interleaved rounds; bars: median, whiskers: min-max)", y=1.04)
+    _save(fig, path)

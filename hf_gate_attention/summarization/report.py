@@ -1,0 +1,143 @@
+"""Runs vs the baseline: ROUGE deltas with paired bootstrap CIs, speed ratios, Markdown and CSV tables."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+
+from .rouge import ROUGE_TYPES, paired_bootstrap_delta
+
+ROUGE_LABELS = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "rougeLsum": "R-Lsum"}
+SPEED_KEYS = ("prefill_tokens_per_s", "decode_tokens_per_s", "seconds_per_summary")
+RATIO_KEYS = ("prefill", "decode", "speedup", "peak_memory")
+
+
+def rouge_deltas(run: dict, baseline: dict, n_bootstrap: int, confidence: float, seed: int) -> dict:
+    """`{type: {"delta", "low", "high", "p_value", "percent"}}`: run - baseline in ROUGE points, paired by
+    example; `percent` is the delta relative to the baseline's mean (`None` when that mean is 0)."""
+    deltas = {}
+    for rouge_type in ROUGE_TYPES:
+        delta = paired_bootstrap_delta(
+            run["per_example"][rouge_type], baseline["per_example"][rouge_type], n_bootstrap, confidence, seed
+        )
+        base = baseline["rouge"][rouge_type]["mean"]
+        deltas[rouge_type] = delta | {"percent": 100.0 * delta["delta"] / base if base else None}
+    return deltas
+
+
+def speed_ratios(run: dict, baseline: dict) -> dict:
+    """Medians over the interleaved rounds of run / baseline throughput (> 1: the run is faster), and of
+    baseline / run seconds per summary (`speedup`, > 1: the run is faster)."""
+    pairs = list(zip(run["rounds"], baseline["rounds"], strict=True))
+    return {
+        "prefill": statistics.median(r["prefill_tokens_per_s"] / b["prefill_tokens_per_s"] for r, b in pairs),
+        "decode": statistics.median(r["decode_tokens_per_s"] / b["decode_tokens_per_s"] for r, b in pairs),
+        "speedup": statistics.median(b["seconds_per_summary"] / r["seconds_per_summary"] for r, b in pairs),
+        "peak_memory": run["peak_memory_mb"] / baseline["peak_memory_mb"],
+    }
+
+
+def _gate_label(gate: dict | None) -> str:
+    if gate is None:
+        return "none (baseline)"
+    label = f"{gate['variant']}/{gate['granularity']}"
+    return label + (f" top-{gate['top_k']}" if gate.get("top_k") else "")
+
+
+def _signed(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:+.{digits}f}"
+
+
+def _ratio(value: float) -> str:
+    return f"x{value:.3f} ({100 * (value - 1):+.1f} %)"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _rouge_cell(score: dict) -> str:
+    return f"{score['mean']:.2f} [{score['low']:.2f}, {score['high']:.2f}]"
+
+
+def _delta_cell(delta: dict) -> str:
+    interval = f"[{_signed(delta['low'])}, {_signed(delta['high'])}]"
+    return f"{_signed(delta['delta'])} {interval} ({_signed(delta['percent'], 1)} %)"
+
+
+def _speed_cells(row: dict) -> list[str]:
+    speed, ratios = row["speed"], row.get("speed_ratios")
+    cells = [
+        f"{speed['prefill_tokens_per_s']:.1f}",
+        f"{speed['decode_tokens_per_s']:.1f}",
+        f"{speed['seconds_per_summary']:.3f}",
+        f"{speed['peak_memory_mb']:.1f}",
+    ]
+    return cells + ([_ratio(ratios[key]) for key in RATIO_KEYS] if ratios else ["-"] * len(RATIO_KEYS))
+
+
+def markdown_table(rows: list[dict], confidence: float) -> str:
+    """Markdown tables of `comparison_rows`: ROUGE with CIs, deltas vs the baseline, speed and its ratios."""
+    level = f"{100 * confidence:g} %"
+    labels = [ROUGE_LABELS[t] for t in ROUGE_TYPES]
+    lines = [f"ROUGE F1 x100 on the test split, mean [{level} bootstrap CI]", ""]
+    lines += _table(
+        ["run", "gate", "trained params", "steps", *labels],
+        [
+            [row["run"], _gate_label(row["gate"]), f"{row['trainable_params']:,}", str(row["global_step"])]
+            + [_rouge_cell(row["rouge"][t]) for t in ROUGE_TYPES]
+            for row in rows
+        ],
+    )
+    gated = [row for row in rows if row.get("deltas")]
+    if gated:
+        lines += ["", f"Delta vs baseline in ROUGE points [{level} paired bootstrap CI] (relative delta)", ""]
+        lines += _table(
+            ["run", *labels],
+            [[row["run"]] + [_delta_cell(row["deltas"][t]) for t in ROUGE_TYPES] for row in gated],
+        )
+    new_tokens = rows[0]["speed"]["new_tokens"]
+    lines += [
+        "",
+        f"Inference speed (batch 1, summaries of {new_tokens} tokens, medians of interleaved rounds); "
+        "ratios vs baseline: > 1 is faster (memory: > 1 uses more)",
+        "",
+    ]
+    header = ["run", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"]
+    header += ["prefill ratio", "decode ratio", "speedup (s/summary)", "memory ratio"]
+    lines += _table(header, [[row["run"], *_speed_cells(row)] for row in rows])
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: list[dict]) -> str:
+    """One CSV row per run with every number of the comparison in its own column."""
+    records = []
+    for row in rows:
+        record = {
+            "run": row["run"],
+            "gate": _gate_label(row["gate"]),
+            "trainable_params": row["trainable_params"],
+            "global_step": row["global_step"],
+        }
+        for t in ROUGE_TYPES:
+            record |= {f"{t}_{k}": row["rouge"][t][k] for k in ("mean", "low", "high")}
+        for t in ROUGE_TYPES:
+            delta = (row.get("deltas") or {}).get(t, {})
+            record |= {
+                f"delta_{t}_points": delta.get("delta"),
+                f"delta_{t}_low": delta.get("low"),
+                f"delta_{t}_high": delta.get("high"),
+                f"delta_{t}_percent": delta.get("percent"),
+                f"delta_{t}_p_value": delta.get("p_value"),
+            }
+        record |= {key: row["speed"][key] for key in (*SPEED_KEYS, "peak_memory_mb")}
+        ratios = row.get("speed_ratios") or {}
+        record |= {f"{k}_ratio": ratios.get(k) for k in RATIO_KEYS}
+        records.append(record)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()

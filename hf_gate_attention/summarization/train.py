@@ -1,0 +1,258 @@
+"""Fine-tuning of one run (baseline or gated) with the Hugging Face `Trainer`: checkpoints and resume."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import datasets
+import torch
+from accelerate import PartialState
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..patching import gate_parameters, patch
+from .config import RecipeConfig, RunSpec
+from .data import DataCollatorForSummarization, build_example
+from .files import atomic_write_json, read_json
+
+logger = logging.getLogger(__name__)
+
+TRAIN_SUMMARY_FILE = "train_summary.json"
+LORA_INSTALL = "pip install 'peft>=0.21'"
+
+
+def on_cpu() -> bool:
+    """Whether this machine has no accelerator (then DDP runs on CPU processes over gloo)."""
+    return torch.accelerator.current_accelerator() is None
+
+
+def distributed_state() -> PartialState:
+    """The process's distributed state (also on CPU-only machines, where accelerate needs `cpu=True`)."""
+    return PartialState(cpu=on_cpu())
+
+
+def load_tokenizer(model_path: str):
+    """The model's tokenizer, with its EOS token as pad token when it has none."""
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(config: RecipeConfig, model_path: str, run: RunSpec, dtype=torch.float32):
+    """The pretrained causal LM, patched with the run's gate (identity init: it still computes the same)."""
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=dtype, attn_implementation=config.attn_implementation
+    )
+    return patch(model, run.gate) if run.gate is not None else model
+
+
+def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):
+    """The model of `run` with `config.train` applied: what requires grad is what gets trained.
+
+    `full` trains every weight; `gates` only the gates (nothing for the baseline); `gates+lora` LoRA adapters
+    on `lora_target_modules` plus the gates (kept trainable by PEFT through `modules_to_save`).
+    """
+    model = load_pretrained(config, model_path, run)
+    set_seed(config.seed)  # the same LoRA initialisation for every run, whatever patching drew
+    if config.train == "gates":
+        model.requires_grad_(False)
+        for param in gate_parameters(model):
+            param.requires_grad_(True)
+    elif config.train == "gates+lora":
+        peft = import_peft()
+        lora = peft.LoraConfig(
+            r=config.lora_r,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=list(config.lora_target_modules),
+            modules_to_save=["attn_gate"] if run.gate is not None else None,
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, lora)
+    return model
+
+
+def import_peft():
+    try:
+        import peft
+    except ImportError as err:
+        raise ModuleNotFoundError(f"train='gates+lora' needs PEFT: {LORA_INSTALL}") from err
+    return peft
+
+
+def count_parameters(model) -> dict[str, int]:
+    params = {id(p): p for p in model.parameters()}.values()
+    return {
+        "total": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+    }
+
+
+def training_features(split: datasets.Dataset, tokenizer, config: RecipeConfig) -> datasets.Dataset:
+    """Tokenized training examples (`input_ids`, `attention_mask`, `labels`) of a document/summary split."""
+
+    def encode(row):
+        return build_example(
+            tokenizer,
+            row["document"],
+            row["summary"],
+            config.doc_token_budget,
+            config.truncation,
+            config.max_summary_tokens,
+            config.instruction,
+        )
+
+    return split.map(encode, remove_columns=split.column_names, desc="Tokenizing")
+
+
+class GateLearningRateTrainer(Trainer):
+    """`Trainer` whose optimizer gives the gate parameters their own learning rate and no weight decay."""
+
+    def __init__(self, *args, gate_learning_rate: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate_learning_rate = gate_learning_rate
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is not None or self.gate_learning_rate is None:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        gate_ids = {id(p) for p in gate_parameters(opt_model)}
+        decay_names = set(self.get_decay_parameter_names(opt_model))
+        groups = {"decay": [], "no_decay": [], "gates": []}
+        for name, param in opt_model.named_parameters():
+            if param.requires_grad:
+                group = "gates" if id(param) in gate_ids else "decay" if name in decay_names else "no_decay"
+                groups[group].append(param)
+        settings = {
+            "decay": {"weight_decay": self.args.weight_decay},
+            "no_decay": {"weight_decay": 0.0},
+            "gates": {"weight_decay": 0.0, "lr": self.gate_learning_rate},
+        }
+        param_groups = [{"params": params, **settings[key]} for key, params in groups.items() if params]
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        self.optimizer = optimizer_cls(param_groups, **optimizer_kwargs)
+        return self.optimizer
+
+
+def training_arguments(config: RecipeConfig, checkpoint_dir: Path) -> TrainingArguments:
+    validate = config.eval_steps is not None
+    return TrainingArguments(
+        output_dir=str(checkpoint_dir),
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler_type,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        per_device_eval_batch_size=config.per_device_eval_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        activation_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False},
+        seed=config.seed,
+        data_seed=config.seed,
+        logging_steps=config.logging_steps,
+        logging_first_step=True,
+        eval_strategy="steps" if validate else "no",
+        eval_steps=config.eval_steps,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        ddp_backend=config.ddp_backend,
+        use_cpu=on_cpu(),
+        ddp_find_unused_parameters=False,
+        remove_unused_columns=False,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        report_to="none",
+    )
+
+
+def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
+    """The newest checkpoint whose trainer state was written (the Trainer writes it last). Newer folders left
+    by a save that was interrupted are deleted, so that checkpoint rotation and numbering ignore them."""
+    if not checkpoint_dir.is_dir():
+        return None
+    while (last := get_last_checkpoint(str(checkpoint_dir))) is not None:
+        if (Path(last) / "trainer_state.json").is_file():
+            return last
+        logger.warning("Deleting the incomplete checkpoint %s (interrupted while saving)", last)
+        shutil.rmtree(last, ignore_errors=True)  # every process of a distributed launch may try
+    return None
+
+
+def training_budget(config: RecipeConfig) -> dict:
+    return {"max_steps": config.max_steps, "num_train_epochs": config.num_train_epochs}
+
+
+def is_trained(config: RecipeConfig, run: RunSpec) -> bool:
+    """Whether `run` finished training with the current budget (a resume may have extended it)."""
+    summary = read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE)
+    return summary is not None and summary["budget"] == training_budget(config)
+
+
+def train_run(
+    config: RecipeConfig,
+    run: RunSpec,
+    model_path: str,
+    tokenizer,
+    train_set: datasets.Dataset,
+    validation_set: datasets.Dataset | None,
+    callbacks: list[TrainerCallback] | None = None,
+) -> dict:
+    """Fine-tune `run`, save its final weights to `<run>/model` and return (and save) its training summary.
+
+    With `config.resume`, training continues from the last complete checkpoint in `<run>/checkpoints`. A run
+    without trainable parameters (the baseline under `train="gates"`) is not trained.
+    """
+    run_dir = config.run_dir / run.name
+    model = build_trainable_model(config, model_path, run)
+    params = count_parameters(model)
+    summary = {"run": run.name, "budget": training_budget(config), "parameters": params}
+    if params["trainable"] == 0:
+        logger.warning(
+            "Run %s has no trainable parameters under train=%r: not trained", run.name, config.train
+        )
+        summary |= {"trained": False, "global_step": 0, "log_history": []}
+    else:
+        checkpoint_dir = run_dir / "checkpoints"
+        trainer = GateLearningRateTrainer(
+            model=model,
+            args=training_arguments(config, checkpoint_dir),
+            train_dataset=train_set,
+            eval_dataset=validation_set if config.eval_steps is not None else None,
+            data_collator=DataCollatorForSummarization(tokenizer.pad_token_id),
+            callbacks=callbacks,
+            gate_learning_rate=config.gate_learning_rate,
+        )
+        checkpoint = last_complete_checkpoint(checkpoint_dir) if config.resume else None
+        if checkpoint is not None:
+            logger.warning("Run %s: resuming from %s", run.name, checkpoint)
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model(str(run_dir / "model"))
+        summary |= {
+            "trained": True,
+            "resumed_from": None if checkpoint is None else Path(checkpoint).name,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "train_runtime_s": result.metrics.get("train_runtime"),
+            "world_size": trainer.args.world_size,
+            "effective_batch_size": trainer.args.train_batch_size
+            * trainer.args.gradient_accumulation_steps
+            * trainer.args.world_size,
+            "log_history": trainer.state.log_history,
+        }
+    if distributed_state().is_main_process:
+        atomic_write_json(run_dir / TRAIN_SUMMARY_FILE, summary)
+    return summary

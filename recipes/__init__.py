@@ -1,0 +1,1 @@
+"""Runnable recipes (configs, launch scripts, READMEs); the reusable code lives in `hf_gate_attention`."""

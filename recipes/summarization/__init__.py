@@ -1,0 +1,1 @@
+"""Long-document summarization recipe: `python -m recipes.summarization --config <file> [--key value ...]`."""

@@ -1,0 +1,343 @@
+"""Summarization recipe end to end on a tiny random Llama: compare, resume after interruption, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from safetensors import safe_open
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from hf_gate_attention.summarization import RecipeConfig, load_config, run_comparison
+from hf_gate_attention.summarization.cli import main
+from hf_gate_attention.summarization.config import parse_overrides
+from hf_gate_attention.summarization.files import check_run_dir, claim_run_dir
+
+WORDS = [f"w{i}" for i in range(12)]
+PROMPT_WORDS = ["Summarize", "the", "following", "paper", "Document", "Summary"]
+SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
+RUNS = [
+    {"name": "baseline", "gate": None},
+    {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}},
+    {"name": "qk-elementwise", "gate": {"variant": "qk", "granularity": "elementwise"}},
+]
+
+
+def _document(rng: random.Random) -> str:
+    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(4, 8))) + " ." for _ in range(rng.randint(4, 8))]
+    return " ".join(sentences)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def make_dataset(folder: Path, empty_train_documents: int = 0) -> Path:
+    """train/validation/test JSONL files; the summary is the first sentence of the document."""
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", 12), ("validation", 4), ("test", 4)):
+        rows = []
+        for i in range(size):
+            document = _document(rng)
+            rows.append(
+                {"id": f"{split}-{i}", "document": document, "summary": document.split(" . ")[0] + " ."}
+            )
+        if split == "train":
+            rows += [
+                {"id": f"empty-{i}", "document": " ", "summary": "w1 ."} for i in range(empty_train_documents)
+            ]
+        write_jsonl(folder / f"{split}.jsonl", rows)
+    return folder
+
+
+def make_tiny_model(folder: Path) -> Path:
+    """A random 2-layer LlamaForCausalLM and a word-level tokenizer (no chat template) saved in `folder`."""
+    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS + PROMPT_WORDS + [".", ":", "[", "]"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():  # special tokens get logit 0, below the best word: summaries are words, never empty
+        model.lm_head.weight[: len(SPECIAL)] = 0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_recipe")
+    return {
+        "model": make_tiny_model(root / "model"),
+        "data": make_dataset(root / "data", empty_train_documents=2),
+    }
+
+
+def tiny_config(assets: dict[str, Path], output_dir: Path, **overrides) -> dict:
+    """Config keys of a comparison that runs in seconds."""
+    return {
+        "name": "tiny",
+        "output_dir": str(output_dir),
+        "model": str(assets["model"]),
+        "dataset": str(assets["data"]),
+        "attn_implementation": "eager",
+        "runs": RUNS,
+        "doc_token_budget": 48,
+        "max_summary_tokens": 12,
+        "max_steps": 4,
+        "per_device_train_batch_size": 2,
+        "learning_rate": 1e-4,
+        "gate_learning_rate": 1e-2,
+        "logging_steps": 1,
+        "eval_steps": 2,
+        "save_steps": 2,
+        "max_new_tokens": 6,
+        "generation_batch_size": 3,
+        "n_bootstrap": 50,
+        "speed_examples": 2,
+        "speed_rounds": 2,
+        "speed_new_tokens": 4,
+        **overrides,
+    }
+
+
+def write_config(path: Path, keys: dict) -> Path:
+    path.write_text(yaml.safe_dump(keys), encoding="utf-8")
+    return path
+
+
+def loss_steps(run_dir: Path) -> list[int]:
+    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
+    return [entry["step"] for entry in history if "loss" in entry]
+
+
+# ------------------------------------------------------------------------------------------- end to end
+
+
+def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
+    config_file = write_config(tmp_path / "tiny.yaml", tiny_config(tiny_assets, tmp_path / "results"))
+    assert main(["--config", str(config_file), "--learning-rate", "2e-4"]) == 0
+    out = tmp_path / "results" / "tiny"
+    printed = capsys.readouterr().out
+    assert "Delta vs baseline" in printed and str(out) in printed
+
+    for name in ("comparison.md", "comparison.csv", "comparison.json", "config.json"):
+        assert (out / name).is_file()
+    for name in ("loss_curves.png", "rouge.png", "speed.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["learning_rate"] == 2e-4  # command line overrides the file
+
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["skipped_examples"] == {"train": 2, "validation": 0, "test": 0}
+    rows = {row["run"]: row for row in comparison["runs"]}
+    assert set(rows) == {run["name"] for run in RUNS}
+    assert "deltas" not in rows["baseline"]
+    for name in ("output-headwise", "qk-elementwise"):
+        delta = rows[name]["deltas"]["rougeL"]
+        expected = rows[name]["rouge"]["rougeL"]["mean"] - rows["baseline"]["rouge"]["rougeL"]["mean"]
+        assert delta["delta"] == pytest.approx(expected) and delta["low"] <= delta["high"]
+        assert set(rows[name]["speed_ratios"]) == {"prefill", "decode", "speedup", "peak_memory"}
+        assert rows[name]["trainable_params"] > rows["baseline"]["trainable_params"]  # + the gates
+
+    for name in rows:
+        metrics = json.loads((out / name / "metrics.json").read_text())
+        assert metrics["global_step"] == 4 and metrics["training"]["trained"]
+        assert loss_steps(out / name) == [1, 2, 3, 4]
+        assert any("eval_loss" in entry for entry in metrics["training"]["log_history"])  # validation loss
+        assert len(metrics["quality"]["per_example"]["rougeL"]) == 4
+        assert metrics["speed"]["decode_tokens_per_s"] > 0 and metrics["speed"]["peak_memory_mb"] > 0
+        assert len((out / name / "predictions.jsonl").read_text().splitlines()) == 4
+        assert (out / name / "model" / "config.json").is_file()
+    # the gated checkpoints hold trained gates, the baseline none
+    gate_config = json.loads((out / "qk-elementwise" / "model" / "config.json").read_text())
+    assert gate_config["gate_attention"]["variant"] == "qk"
+
+    with open(out / "comparison.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [r["run"] for r in table] == [run["name"] for run in RUNS]
+    assert table[0]["delta_rougeL_points"] == "" and table[1]["delta_rougeL_percent"] != ""
+
+
+@pytest.mark.parametrize("mode", ["gates", "gates+lora"])
+def test_training_modes_train_the_same_set_minus_the_gates(tiny_assets, tmp_path, mode):
+    if mode == "gates+lora":
+        pytest.importorskip("peft")
+    keys = tiny_config(
+        tiny_assets, tmp_path / "results", runs=RUNS[:2], train=mode, eval_steps=None, max_steps=2
+    )
+    out = run_comparison(RecipeConfig.from_dict(keys))
+    baseline, gated = (
+        json.loads((out / r / "train_summary.json").read_text()) for r in ("baseline", "output-headwise")
+    )
+    gate_params = 2 * (32 * 4 + 4)  # 2 layers x headwise output gate (hidden 32 -> 4 heads, + bias)
+    assert gated["parameters"]["trainable"] - baseline["parameters"]["trainable"] == gate_params
+    if mode == "gates":
+        assert not baseline["trained"] and baseline["parameters"]["trainable"] == 0
+        assert not (out / "baseline" / "model").exists()  # evaluated as the pretrained model
+        with safe_open(out / "output-headwise" / "model" / "model.safetensors", framework="pt") as f:
+            gates = [f.get_tensor(k) for k in f.keys() if ".attn_gate.weight" in k]  # noqa: SIM118
+        assert len(gates) == 2 and all(g.abs().sum() > 0 for g in gates)  # trained away from the identity (0)
+    else:
+        assert baseline["global_step"] == gated["global_step"] == 2
+        assert (out / "output-headwise" / "model" / "adapter_config.json").is_file()
+    assert (out / "comparison.md").is_file()
+
+
+class StopAtStep(transformers.TrainerCallback):
+    """Simulates an interruption (Ctrl-C, preemption) of the training of one run."""
+
+    def __init__(self, run_dir: Path, step: int):
+        self.run_dir, self.step = str(run_dir), step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.output_dir.startswith(self.run_dir) and state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_resume_after_interruption_then_extend_the_budget(tiny_assets, tmp_path):
+    runs = RUNS[:2]
+    keys = tiny_config(tiny_assets, tmp_path / "results", runs=runs, eval_steps=None)
+    config = RecipeConfig.from_dict(keys)
+    out = config.run_dir
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(config, callbacks=[StopAtStep(out / "output-headwise", step=3)])
+    baseline_summary = (out / "baseline" / "train_summary.json").read_text()
+    assert not (out / "output-headwise" / "train_summary.json").exists()
+    assert (out / "output-headwise" / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+
+    # without --resume the folder is refused; with it, the interrupted run continues from checkpoint-2
+    assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume"]) == 0
+    assert (out / "baseline" / "train_summary.json").read_text() == baseline_summary  # kept, not retrained
+    gated = json.loads((out / "output-headwise" / "train_summary.json").read_text())
+    assert gated["resumed_from"] == "checkpoint-2" and gated["global_step"] == 4
+    assert loss_steps(out / "output-headwise") == [1, 2, 3, 4]
+
+    # a larger budget continues both runs from their last checkpoint
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume", "--max_steps", "6"]) == 0
+    for name in ("baseline", "output-headwise"):
+        summary = json.loads((out / name / "train_summary.json").read_text())
+        assert summary["resumed_from"] == "checkpoint-4" and summary["global_step"] == 6
+        assert loss_steps(out / name) == [1, 2, 3, 4, 5, 6]
+    metrics = json.loads((out / "output-headwise" / "metrics.json").read_text())
+    assert metrics["global_step"] == 6
+
+    # resuming a finished run keeps its trainings and summaries, and only re-times the models
+    finished = {
+        p: p.read_text() for p in out.glob("*/*.json") if p.name in ("train_summary.json", "quality.json")
+    }
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume", "--max_steps", "6"]) == 0
+    assert {p: p.read_text() for p in finished} == finished
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def _error(capsys) -> str:
+    return capsys.readouterr().err
+
+
+def test_missing_columns_names_found_and_expected(tiny_assets, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "papers.jsonl", [{"text": "w1 w2 .", "abstract": "w1 ."}] * 10)
+    keys = tiny_config(tiny_assets, tmp_path / "results", dataset=str(data), eval_steps=None)
+    assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    err = _error(capsys)
+    assert "['text', 'abstract']" in err and "['document', 'summary']" in err
+
+
+def test_hub_dataset_while_offline_suggests_the_offline_default(tiny_assets, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    keys = tiny_config(tiny_assets, tmp_path / "results", dataset="ccdv/govreport-summarization")
+    assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    err = _error(capsys)
+    assert "offline" in err and "aclsum" in err and "local" in err
+
+
+@pytest.mark.parametrize("where", ["file", "command line"])
+def test_unknown_config_key_is_named(tmp_path, capsys, where):
+    keys = {"learning_rate": 1e-4} | ({"lerning_rate": 1e-4} if where == "file" else {})
+    argv = ["--config", str(write_config(tmp_path / "c.yaml", keys))]
+    argv += ["--lerning-rate", "1e-4"] if where == "command line" else []
+    assert main(argv) == 2
+    err = _error(capsys)
+    assert "'lerning_rate'" in err and "did you mean 'learning_rate'" in err and where in err
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"runs": [{"name": "a", "gate": {"variant": "output", "granulrity": "headwise"}}]}, "granulrity"),
+        ({"runs": [{"name": "a", "gates": None}]}, "'gates'"),
+        ({"runs": [{"name": "a"}, {"name": "b"}]}, "at most one"),
+        ({"train": "everything"}, "train='everything'"),
+        ({"max_steps": "many"}, "'max_steps'"),
+    ],
+)
+def test_invalid_values_are_named(tmp_path, capsys, keys, message):
+    assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    assert message in _error(capsys)
+
+
+def test_output_folder_holding_a_different_run_is_refused_unless_overwrite(tmp_path):
+    config = RecipeConfig(output_dir=str(tmp_path))
+    claim_run_dir(config)
+    (config.run_dir / "baseline").mkdir()
+    changed = config.replace(learning_rate=1e-3)
+    for attempt in (changed, changed.replace(resume=True)):
+        with pytest.raises(
+            FileExistsError, match=r"different run \(learning_rate: 5e-05 -> 0.001\).*--overwrite"
+        ):
+            check_run_dir(attempt)
+    with pytest.raises(FileExistsError, match=r"already holds this run.*--resume"):
+        check_run_dir(config)
+    check_run_dir(config.replace(resume=True, max_steps=99))  # a longer budget may be resumed
+
+    overwrite = changed.replace(overwrite=True)
+    check_run_dir(overwrite)
+    claim_run_dir(overwrite)
+    assert not (config.run_dir / "baseline").exists()
+    assert json.loads((config.run_dir / "config.json").read_text())["learning_rate"] == 1e-3
+
+    foreign = tmp_path / "foreign"
+    (foreign / "mine").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match="not a run of this recipe"):
+        check_run_dir(RecipeConfig(output_dir=str(tmp_path), name="foreign"))
+
+
+def test_config_file_and_overrides(tmp_path):
+    path = write_config(tmp_path / "c.yaml", {"max_steps": 10, "bf16": False, "runs": RUNS[:2]})
+    overrides = parse_overrides(
+        ["--max-steps=20", "--bf16", "--lora_target_modules", "q_proj,v_proj", "--name", "x"]
+    )
+    config = load_config(path, overrides)
+    assert (config.max_steps, config.bf16, config.name) == (20, True, "x")
+    assert config.lora_target_modules == ["q_proj", "v_proj"]
+    assert config.baseline.name == "baseline" and config.runs[1].gate.variant == "output"
+    config = load_config(None, {"runs": json.dumps(RUNS[1:]), "eval_steps": "null", "learning_rate": "3e-4"})
+    assert config.baseline is None and config.eval_steps is None and config.learning_rate == 3e-4
+    assert RecipeConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -50,7 +50,14 @@ def from_pretrained(path: str, model_class=None, **kwargs):
             f"{path} is not a gated checkpoint: its config.json has no {CONFIG_ATTRIBUTE!r} entry"
         )
     if model_class is None:
-        model_class = getattr(transformers, (config.architectures or ["AutoModel"])[0])
+        name = (config.architectures or ["AutoModel"])[0]
+        try:
+            model_class = getattr(transformers, name)
+        except AttributeError:
+            raise ValueError(
+                f"config.architectures of {path} names {name!r}, which is not a transformers class; pass "
+                "model_class= (e.g. transformers.AutoModelForCausalLM)"
+            ) from None
     delattr(config, CONFIG_ATTRIBUTE)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # the gate keys are "unexpected" until we patch
@@ -96,3 +103,29 @@ def _load_gate_tensors(model, saved: dict, path: str) -> None:
                 f"{tuple(state[key].shape)}"
             )
     model.load_state_dict({key: saved[found[slot]] for slot, key in expected.items()}, strict=False)
+
+
+class _AutoGated:
+    """`from_pretrained` of a gated checkpoint through one transformers Auto class (the task head)."""
+
+    auto_class_name = "AutoModel"
+
+    @classmethod
+    def from_pretrained(cls, path: str, **kwargs):
+        """Rebuild the gated model at `path` (folder or Hub id); `kwargs` as in `from_pretrained`."""
+        return from_pretrained(path, model_class=getattr(transformers, cls.auto_class_name), **kwargs)
+
+
+def _auto_gated(auto_class_name: str) -> type:
+    gated_name = auto_class_name.replace("AutoModel", "AutoGatedModel", 1)
+    doc = f"`transformers.{auto_class_name}` for gated checkpoints: `{gated_name}.from_pretrained(path)`."
+    return type(gated_name, (_AutoGated,), {"auto_class_name": auto_class_name, "__doc__": doc})
+
+
+AutoGatedModel = _auto_gated("AutoModel")
+AutoGatedModelForCausalLM = _auto_gated("AutoModelForCausalLM")
+AutoGatedModelForMaskedLM = _auto_gated("AutoModelForMaskedLM")
+AutoGatedModelForSequenceClassification = _auto_gated("AutoModelForSequenceClassification")
+AutoGatedModelForTokenClassification = _auto_gated("AutoModelForTokenClassification")
+AutoGatedModelForQuestionAnswering = _auto_gated("AutoModelForQuestionAnswering")
+AutoGatedModelForImageClassification = _auto_gated("AutoModelForImageClassification")

@@ -1,0 +1,276 @@
+"""`hf-gate-attention`: patch, summarize, card, push and info from the command line.
+
+hf-gate-attention patch HuggingFaceTB/SmolLM2-135M-Instruct smollm2-gated --variant output
+hf-gate-attention info smollm2-gated
+hf-gate-attention card smollm2-gated --results results/reproduce
+hf-gate-attention push smollm2-gated me/smollm2-gated --private
+hf-gate-attention summarize --config recipes/summarization/configs/demo.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .config import GateConfig
+
+PROG = "hf-gate-attention"
+# Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
+INPUT_ERRORS = (ValueError, OSError, KeyError, ImportError)
+
+
+def _parse_layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices such as 0,1,5; got {text!r}") from None
+
+
+def _add_gate_options(parser: argparse.ArgumentParser) -> None:
+    defaults = GateConfig()
+    parser.add_argument("--variant", choices=["output", "value", "qk"], default=defaults.variant)
+    parser.add_argument("--granularity", choices=["headwise", "elementwise"], default=defaults.granularity)
+    parser.add_argument("--init", choices=["identity", "paper"], default=defaults.init)
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k largest gates per token (sparse)")
+    parser.add_argument("--layers", type=_parse_layers, default=None, help="layer indices, e.g. 0,1,2")
+
+
+def _load_processor(model_path: str):
+    """The tokenizer or image processor saved beside `model_path`, or `None` if it has neither."""
+    import transformers
+
+    for auto in (transformers.AutoTokenizer, transformers.AutoImageProcessor):
+        try:
+            return auto.from_pretrained(model_path)
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def cmd_patch(args) -> None:
+    """Load a model, add gates, save it (with its tokenizer / image processor) to a new folder."""
+    import transformers
+
+    from .offline import resolve_model
+    from .patching import gate_parameters, patch
+
+    output = Path(args.output)
+    if output.exists() and any(output.iterdir()) and not args.overwrite:
+        raise ValueError(f"{output} exists and is not empty; pass --overwrite to replace it")
+    gate = GateConfig(
+        variant=args.variant,
+        granularity=args.granularity,
+        init=args.init,
+        top_k=args.top_k,
+        layers=args.layers,
+    )
+    model_path = resolve_model(args.model)
+    config = transformers.AutoConfig.from_pretrained(model_path)
+    model_class = getattr(transformers, args.model_class or (config.architectures or ["AutoModel"])[0], None)
+    if model_class is None:
+        raise ValueError(f"unknown transformers class {args.model_class!r}; e.g. AutoModelForCausalLM")
+    model = model_class.from_pretrained(model_path, dtype=args.dtype)
+    patch(model, gate)
+    processor = _load_processor(model_path)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        model.save_pretrained(staging)
+        if processor is not None:
+            processor.save_pretrained(staging)
+        if output.exists():
+            shutil.rmtree(output)
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    added = sum(p.numel() for p in gate_parameters(model))
+    saved_with = f" and its {type(processor).__name__}" if processor is not None else ""
+    print(
+        f"Saved {type(model).__name__}{saved_with} with {gate.variant}/{gate.granularity} gates to {output}"
+    )
+    print(f"Added parameters: {added:,}")
+    if processor is None:
+        print("warning: no tokenizer or image processor found beside the model; none saved", file=sys.stderr)
+
+
+def gate_statistics(folder: str | Path) -> dict:
+    """What a gated checkpoint contains: gate config, counts and per-layer gate statistics.
+
+    The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained identity gate).
+    """
+    from .card import read_checkpoint
+    from .loading import _gate_tensors
+
+    checkpoint = read_checkpoint(folder)
+    gate = checkpoint["gate"]
+    layers = {}
+    for key, tensor in sorted(_gate_tensors(str(folder)).items()):
+        block, name = key.split(".attn_gate.")
+        values = tensor.float()
+        entry = layers.setdefault(block, {})
+        entry[f"{name}_shape"] = list(values.shape)
+        entry[f"{name}_abs_mean"] = values.abs().mean().item()
+        if name == "bias":
+            at_zero = gate.gate_scale * torch.sigmoid(values)
+            entry["gate_at_zero_mean"] = at_zero.mean().item()
+            entry["gate_at_zero_min"] = at_zero.min().item()
+            entry["gate_at_zero_max"] = at_zero.max().item()
+    return {
+        "model_type": checkpoint["config"].get("model_type"),
+        "architectures": checkpoint["config"].get("architectures"),
+        "gate": gate.to_dict(),
+        "total_params": checkpoint["total_params"],
+        "added_params": checkpoint["added_params"],
+        "gated_layers": checkpoint["gated_layers"],
+        "gates_are_identity": checkpoint["gates_are_identity"],
+        "trust_remote_code": "auto_map" in checkpoint["config"],
+        "layers": layers,
+    }
+
+
+def _local_folder(name_or_path: str) -> Path:
+    """A local folder, or the config and weights of a Hub repo downloaded to the cache."""
+    if Path(name_or_path).is_dir():
+        return Path(name_or_path)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(name_or_path, allow_patterns=["config.json", "*.safetensors*"]))
+
+
+def cmd_info(args) -> None:
+    info = gate_statistics(_local_folder(args.checkpoint))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return
+    gate = info["gate"]
+    share = 100 * info["added_params"] / max(info["total_params"] - info["added_params"], 1)
+    print(f"{args.checkpoint}: {info['model_type']} {', '.join(info['architectures'] or [])}")
+    print(
+        f"gate: variant={gate['variant']} granularity={gate['granularity']} init={gate['init']} "
+        f"top_k={gate['top_k']} backend={gate['backend']}"
+    )
+    print(f"gated layers: {info['gated_layers']}; added parameters: {info['added_params']:,} ({share:.3f} %)")
+    print(f"identity gates (computes the ungated model): {'yes' if info['gates_are_identity'] else 'no'}")
+    print(f"loads without this package (trust_remote_code): {'yes' if info['trust_remote_code'] else 'no'}")
+    print(f"{'block':<40} {'|W| mean':>10} {'gate(0) mean':>13} {'min':>8} {'max':>8}")
+    for block, stats in info["layers"].items():
+        mean, low, high = (stats[f"gate_at_zero_{k}"] for k in ("mean", "min", "max"))
+        print(f"{block:<40} {stats['weight_abs_mean']:>10.4g} {mean:>13.4f} {low:>8.4f} {high:>8.4f}")
+
+
+def cmd_card(args) -> None:
+    from .card import write_model_card
+
+    path = write_model_card(
+        args.folder,
+        results=args.results,
+        run=args.run,
+        base_model=args.base_model,
+        datasets=args.dataset,
+        repo_id=args.repo_id,
+    )
+    print(f"Wrote {path}")
+
+
+def cmd_push(args) -> None:
+    from .hub import push_to_hub
+
+    info = push_to_hub(
+        args.folder,
+        args.repo_id,
+        results=args.results,
+        run=args.run,
+        base_model=args.base_model,
+        datasets=args.dataset,
+        private=args.private,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        token=args.token,
+        create_pr=args.create_pr,
+    )
+    print(f"Pushed {args.folder} to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
+
+
+def _add_card_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", help="results folder of the summarization recipe (results/<name>)")
+    parser.add_argument("--run", help="which run of --results this model is (default: the one with its gate)")
+    parser.add_argument("--base-model", help="Hub id of the model the gates were added to")
+    parser.add_argument("--dataset", action="append", help="Hub dataset id used for training (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Gated attention for Hugging Face models: patch, fine-tune, describe and share.",
+        allow_abbrev=False,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    patch_parser = commands.add_parser("patch", help="add gates to a model and save it as a gated checkpoint")
+    patch_parser.add_argument("model", help="Hub id or local folder (offline: SmolLM2-135M-Instruct, ...)")
+    patch_parser.add_argument("output", help="folder to write (must be new or empty, or --overwrite)")
+    _add_gate_options(patch_parser)
+    patch_parser.add_argument(
+        "--model-class", help="transformers class, e.g. AutoModelForSequenceClassification"
+    )
+    patch_parser.add_argument("--dtype", default="auto", help="auto (as saved), float32, bfloat16, float16")
+    patch_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    patch_parser.set_defaults(func=cmd_patch)
+
+    commands.add_parser(
+        "summarize",
+        help="fine-tune and compare baseline vs gated runs (see `hf-gate-attention summarize --help`)",
+        add_help=False,
+    )
+
+    card_parser = commands.add_parser("card", help="write README.md (model card) into a gated checkpoint")
+    card_parser.add_argument("folder", help="gated checkpoint folder")
+    _add_card_options(card_parser)
+    card_parser.add_argument("--repo-id", help="repo id shown in the usage snippets")
+    card_parser.set_defaults(func=cmd_card)
+
+    push_parser = commands.add_parser(
+        "push", help="upload a gated checkpoint folder (and its card) to the Hub"
+    )
+    push_parser.add_argument("folder", help="gated checkpoint folder")
+    push_parser.add_argument("repo_id", help="namespace/name on the Hub (created if missing)")
+    _add_card_options(push_parser)
+    push_parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
+    push_parser.add_argument("--revision", help="branch to push to (created if missing)")
+    push_parser.add_argument("--commit-message")
+    push_parser.add_argument("--create-pr", action="store_true", help="open a pull request instead")
+    push_parser.add_argument("--token", help="Hub token (default: HF_TOKEN or `hf auth login`)")
+    push_parser.set_defaults(func=cmd_push)
+
+    info_parser = commands.add_parser("info", help="what a gated checkpoint contains")
+    info_parser.add_argument("checkpoint", help="gated checkpoint folder or Hub id")
+    info_parser.add_argument("--json", action="store_true", help="print JSON")
+    info_parser.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns the exit status (2 with a one-line reason for bad input)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["summarize"]:
+        from .summarization.cli import main as summarize
+
+        return summarize(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except INPUT_ERRORS as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

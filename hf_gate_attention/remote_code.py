@@ -1,0 +1,165 @@
+"""`save_pretrained` for patched models: the usual folder plus the code that loads it without this package.
+
+The folder gets `modeling_gated_attention.py` and copies of the torch-only gate runtime (`config.py`,
+`families.py`, `gate.py`, `hooks.py`, renamed `gated_attention_*.py`); `config.json` gets an `auto_map`, so
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of the task head)
+builds transformers' own model class and adds the same gates with the same hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import transformers
+from torch import nn
+from transformers.models.auto import modeling_auto
+
+from .families import AttentionFamily, family_for
+from .hooks import unwrap_model
+
+logger = logging.getLogger(__name__)
+
+ENTRY_MODULE = "modeling_gated_attention"
+RUNTIME_MODULES = ("config", "families", "gate", "hooks")  # copied verbatim, imports renamed
+RUNTIME_PREFIX = "gated_attention_"
+_PACKAGE_DIR = Path(__file__).parent
+
+ENTRY_TEMPLATE = '''"""Gated attention for this checkpoint (written by hf-gate-attention {version}).
+
+`{auto_class}.from_pretrained(<this folder or repo>, trust_remote_code=True)` builds transformers' own
+`{base_class}` and adds the gates described by `config.gate_attention` with the hooks of
+`gated_attention_hooks.py` (a copy of `hf_gate_attention/hooks.py`). Needs only torch and transformers.
+"""
+
+import transformers
+
+from .gated_attention_config import GateConfig
+from .gated_attention_families import AttentionFamily
+from .gated_attention_hooks import add_gates, attention_layout
+
+FAMILY = {family!r}
+
+
+def _add_gates(model):
+    config = GateConfig.from_dict(model.config.gate_attention)
+    add_gates(model, config, FAMILY, attention_layout(model, config, FAMILY))
+'''
+
+CLASS_TEMPLATE = '''
+
+class {base_class}(transformers.{base_class}):
+    """transformers' `{base_class}` with gated attention (same name: its checkpoint key conversions apply)."""
+
+    _auto_class = "{auto_class}"
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        _add_gates(self)
+
+    @classmethod
+    def is_custom_code(cls):
+        # transformers' own class plus hooks: its checkpoint key conversions (legacy names) still apply
+        return False
+'''
+
+
+def auto_classes(model_type: str, class_name: str) -> list[str]:
+    """Names of the transformers Auto classes that map `model_type` to `class_name`."""
+    names = []
+    for name, auto in vars(modeling_auto).items():
+        mapping = getattr(auto, "_model_mapping", None)
+        if name.startswith("AutoModel") and mapping is not None:
+            mapped = mapping._model_mapping.get(model_type)
+            if class_name in (mapped if isinstance(mapped, (list, tuple)) else [mapped]):
+                names.append(name)
+    return sorted(names)
+
+
+def remote_classes(model: nn.Module) -> dict[str, str]:
+    """Auto class name -> transformers class name for the saved class and its base model class.
+
+    Empty when the model's class is not one of transformers' own (then `trust_remote_code` loading is
+    unavailable and only `hf_gate_attention.from_pretrained` loads the checkpoint).
+    """
+    model_type = model.config.model_type
+    if getattr(transformers, type(model).__name__, None) is not type(model):
+        return {}
+    classes = {}
+    for class_name in (type(model).__name__, modeling_auto.MODEL_MAPPING_NAMES.get(model_type)):
+        for auto_name in auto_classes(model_type, class_name):
+            classes.setdefault(auto_name, class_name)
+    return classes
+
+
+def runtime_files() -> dict[str, str]:
+    """File name -> source of the gate runtime copied into checkpoints, relative imports renamed."""
+    pattern = re.compile(rf"^from \.({'|'.join(RUNTIME_MODULES)}) import", flags=re.MULTILINE)
+    files = {}
+    for module in RUNTIME_MODULES:
+        source = (_PACKAGE_DIR / f"{module}.py").read_text(encoding="utf-8")
+        files[f"{RUNTIME_PREFIX}{module}.py"] = pattern.sub(rf"from .{RUNTIME_PREFIX}\1 import", source)
+    return files
+
+
+def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
+    """Source of `modeling_gated_attention.py`: a gated subclass of each transformers class in `classes`."""
+    from . import __version__
+
+    first_auto, first_class = next(iter(classes.items()))
+    source = ENTRY_TEMPLATE.format(
+        version=__version__, auto_class=first_auto, base_class=first_class, family=family
+    )
+    auto_by_class = {}
+    for auto_name, class_name in classes.items():
+        auto_by_class.setdefault(class_name, auto_name)
+    for class_name, auto_name in auto_by_class.items():
+        source += CLASS_TEMPLATE.format(base_class=class_name, auto_class=auto_name)
+    return source
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, then rename."""
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
+    """`model.save_pretrained` of a patched model: transformers' save plus the remote code and `auto_map`.
+
+    Bound to the patched instance by `patch` (and removed by `unpatch`); arguments are transformers'.
+    """
+    base = unwrap_model(model)
+    classes = remote_classes(base)
+    if not classes:
+        logger.warning(
+            "%s is not a transformers class: the checkpoint loads with hf_gate_attention.from_pretrained "
+            "only (no trust_remote_code code written)",
+            type(base).__name__,
+        )
+    previous = getattr(base.config, "auto_map", None)
+    if classes:
+        base.config.auto_map = {auto: f"{ENTRY_MODULE}.{name}" for auto, name in classes.items()}
+    try:
+        result = type(base).save_pretrained(base, save_directory, *args, **kwargs)
+    finally:
+        if previous is None and classes:
+            del base.config.auto_map
+        elif classes:
+            base.config.auto_map = previous
+    if classes and kwargs.get("is_main_process", True):
+        folder = Path(save_directory)
+        family = family_for(base.config.model_type)
+        files = {f"{ENTRY_MODULE}.py": entry_file(family, classes), **runtime_files()}
+        for name, text in files.items():
+            write_text_atomic(folder / name, text)
+    return result

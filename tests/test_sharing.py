@@ -1,0 +1,265 @@
+"""Saved gated checkpoints load with transformers alone (trust_remote_code), with AutoGated* classes, and
+through the `hf-gate-attention` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import TINY_MODELS, first_output, tiny_inputs, tiny_model
+from test_recipe import make_tiny_model
+
+import hf_gate_attention
+from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
+from hf_gate_attention.cli import main
+from hf_gate_attention.remote_code import ENTRY_MODULE, RUNTIME_MODULES, RUNTIME_PREFIX
+
+# (model_type, gate): every variant, both granularities, top-k, a fused-qkv and an image model
+CASES = {
+    "llama-output-headwise-top2": ("llama", GateConfig(variant="output", init="paper", top_k=2)),
+    "phi3-value-elementwise": ("phi3", GateConfig(variant="value", granularity="elementwise", init="paper")),
+    "bert-qk-headwise": ("bert", GateConfig(variant="qk", init="paper")),
+    "vit-output-elementwise": ("vit", GateConfig(variant="output", granularity="elementwise", init="paper")),
+    "dinov2-qk-elementwise-layer1": (
+        "dinov2",
+        GateConfig(variant="qk", granularity="elementwise", init="paper", layers=(1,)),
+    ),
+}
+
+# Runs where `hf_gate_attention` cannot be imported: loads every case with trust_remote_code, compares with
+# the outputs saved by the test, re-saves one with transformers alone and reloads it, then loads a gated
+# checkpoint as a plain model (without trust_remote_code) and records transformers' warnings.
+WITHOUT_PACKAGE = r"""
+import json, logging, sys
+sys.modules["hf_gate_attention"] = None  # `import hf_gate_attention` raises ImportError
+import torch, transformers
+
+root = sys.argv[1]
+cases = json.load(open(f"{root}/cases.json"))
+report = {}
+for name, auto_name in cases.items():
+    saved = torch.load(f"{root}/{name}.pt")
+    auto = getattr(transformers, auto_name)
+    model = auto.from_pretrained(f"{root}/{name}", trust_remote_code=True, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(**saved["inputs"])
+    out = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    cls = type(model)
+    diff = (out - saved["expected"]).abs().max().item()
+    report[name] = {"class": cls.__module__.split(".")[-1] + "." + cls.__name__, "max_diff": diff}
+    if name.startswith("llama"):
+        model.save_pretrained(f"{root}/resaved")
+        again = auto.from_pretrained(f"{root}/resaved", trust_remote_code=True, attn_implementation="eager")
+        with torch.no_grad():
+            logits = again.eval()(**saved["inputs"]).logits
+        report["resaved"] = {"max_diff": (logits - saved["expected"]).abs().max().item()}
+
+messages = []
+handler = logging.Handler()
+handler.emit = lambda record: messages.append(record.getMessage())
+transformers.logging.get_logger().addHandler(handler)
+transformers.logging.set_verbosity_warning()
+plain = transformers.AutoModelForCausalLM.from_pretrained(f"{root}/llama-output-headwise-top2")
+report["plain"] = {"class": type(plain).__name__, "warnings": "\n".join(messages)}
+messages.clear()
+try:
+    transformers.AutoModelForCausalLM.from_pretrained(f"{root}/mismatch", trust_remote_code=True)
+    report["mismatch"] = {"error": None}
+except RuntimeError as error:
+    report["mismatch"] = {"error": str(error), "warnings": "\n".join(messages)}
+json.dump(report, open(f"{root}/report.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def saved_cases(tmp_path_factory) -> Path:
+    """Each case patched, saved, with its inputs and expected outputs; plus `cases.json` (name -> Auto)."""
+    root = tmp_path_factory.mktemp("gated_checkpoints")
+    cases = {}
+    for name, (model_type, gate) in CASES.items():
+        model = patch(tiny_model(model_type), gate)
+        inputs = tiny_inputs(model_type)
+        with torch.no_grad():
+            expected = first_output(model(**inputs))
+        model.save_pretrained(root / name)
+        torch.save({"inputs": inputs, "expected": expected}, root / f"{name}.pt")
+        cases[name] = TINY_MODELS[model_type][1].__name__
+    (root / "cases.json").write_text(json.dumps(cases))
+    # gate shapes that do not match the model: elementwise weights, config edited to headwise
+    patch(tiny_model("llama"), GateConfig(granularity="elementwise")).save_pretrained(root / "mismatch")
+    config = json.loads((root / "mismatch" / "config.json").read_text())
+    config["gate_attention"]["granularity"] = "headwise"
+    (root / "mismatch" / "config.json").write_text(json.dumps(config))
+    return root
+
+
+@pytest.fixture(scope="module")
+def without_package(saved_cases) -> dict:
+    env = {**os.environ, "HF_HOME": str(saved_cases / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PACKAGE, str(saved_cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((saved_cases / "report.json").read_text())
+
+
+def test_saved_folder_holds_weights_code_and_auto_map(saved_cases):
+    folder = saved_cases / "bert-qk-headwise"
+    files = {path.name for path in folder.iterdir()}
+    assert {"config.json", "model.safetensors", f"{ENTRY_MODULE}.py"} <= files
+    assert {f"{RUNTIME_PREFIX}{module}.py" for module in RUNTIME_MODULES} <= files
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == f"{ENTRY_MODULE}.BertModel"
+    assert config["auto_map"]["AutoModelForSequenceClassification"] == (
+        f"{ENTRY_MODULE}.BertForSequenceClassification"
+    )
+    assert config["gate_attention"]["variant"] == "qk"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_trust_remote_code_without_the_package_gives_identical_outputs(without_package, name):
+    model_type = CASES[name][0]
+    auto = TINY_MODELS[model_type][1]
+    base_class = auto._model_mapping[transformers.AutoConfig.for_model(model_type).__class__]
+    expected_class = f"{ENTRY_MODULE}.{base_class.__name__}"
+    assert without_package[name]["class"] == expected_class
+    assert without_package[name]["max_diff"] == 0.0
+
+
+def test_resaving_with_transformers_alone_keeps_the_gate_code(without_package):
+    assert without_package["resaved"]["max_diff"] == 0.0
+
+
+def test_plain_load_without_gate_code_warns_about_the_gate_weights(without_package):
+    assert without_package["plain"]["class"] == "LlamaForCausalLM"
+    assert "attn_gate" in without_package["plain"]["warnings"]
+
+
+def test_trust_remote_code_refuses_gate_shapes_that_do_not_match(without_package):
+    assert "ignore_mismatched_sizes" in without_package["mismatch"]["error"]
+    report = without_package["mismatch"]["warnings"]
+    assert "attn_gate.weight" in report and "torch.Size([32, 32]) vs model:torch.Size([4, 32])" in report
+
+
+@pytest.mark.parametrize("name", ["bert-qk-headwise", "vit-output-elementwise"])
+def test_auto_gated_classes_rebuild_the_task_head(saved_cases, name):
+    model_type = CASES[name][0]
+    auto_gated = getattr(
+        hf_gate_attention, TINY_MODELS[model_type][1].__name__.replace("Model", "GatedModel", 1)
+    )
+    model = auto_gated.from_pretrained(str(saved_cases / name), attn_implementation="eager").eval()
+    saved = torch.load(saved_cases / f"{name}.pt")
+    with torch.no_grad():
+        assert torch.equal(first_output(model(**saved["inputs"])), saved["expected"])
+
+
+def test_unpatch_restores_plain_saving(tmp_path):
+    model = patch(tiny_model("llama"), GateConfig())
+    assert "save_pretrained" in vars(model) and "push_to_hub" in vars(model)
+    unpatch(model)
+    assert "save_pretrained" not in vars(model) and "push_to_hub" not in vars(model)
+    model.save_pretrained(tmp_path)
+    assert not (tmp_path / f"{ENTRY_MODULE}.py").exists()
+    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_model_of_a_custom_class_saves_without_remote_code(tmp_path, caplog):
+    class MyLlama(transformers.LlamaForCausalLM):
+        pass
+
+    model = patch(MyLlama(tiny_model("llama").config), GateConfig())
+    model.save_pretrained(tmp_path)
+    assert not (tmp_path / f"{ENTRY_MODULE}.py").exists()
+    assert "MyLlama is not a transformers class" in caplog.text
+    with pytest.raises(ValueError, match="'MyLlama', which is not a transformers class; pass model_class="):
+        hf_gate_attention.from_pretrained(str(tmp_path))
+    loaded = hf_gate_attention.from_pretrained(str(tmp_path), model_class=transformers.AutoModelForCausalLM)
+    assert hf_gate_attention.is_patched(loaded)
+
+
+# ---- command line -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("cli") / "llama")
+
+
+def test_cli_patch_info_card(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "gated"
+    argv = ["patch", str(tiny_llama), str(out), "--variant", "qk", "--init", "paper", "--layers", "1"]
+    assert main(argv) == 0
+    files = {path.name for path in out.iterdir()}
+    assert {"tokenizer.json", "model.safetensors", f"{ENTRY_MODULE}.py"} <= files
+    model = hf_gate_attention.from_pretrained(str(out))
+    assert hf_gate_attention.gate_config_of(model) == GateConfig(variant="qk", init="paper", layers=(1,))
+    added = sum(p.numel() for p in gate_parameters(model))
+    assert f"Added parameters: {added:,}" in capsys.readouterr().out
+
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["added_params"] == added and info["gated_layers"] == 1
+    assert info["trust_remote_code"] and not info["gates_are_identity"]
+    (layer,) = info["layers"].values()
+    bias = next(p for n, p in model.named_parameters() if n.endswith("attn_gate.bias"))
+    assert layer["gate_at_zero_mean"] == pytest.approx(torch.sigmoid(bias.float()).mean().item(), rel=1e-6)
+    assert main(["info", str(out)]) == 0
+    assert "added parameters" in capsys.readouterr().out
+
+    assert main(["card", str(out), "--repo-id", "me/tiny-gated"]) == 0
+    card = (out / "README.md").read_text()
+    assert "gated-attention" in card and "me/tiny-gated" in card
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["patch", "/nonexistent/model", "{tmp}/out"], "/nonexistent/model"),
+        (["patch", "{model}", "{tmp}/busy"], "exists and is not empty; pass --overwrite"),
+        (["info", "{model}"], "not a gated checkpoint"),
+        (["card", "{tmp}/busy"], "not a gated checkpoint"),
+        (["push", "{tmp}/busy", "me/x"], "has no config.json"),
+    ],
+)
+def test_cli_bad_input_exits_with_one_line(tiny_llama, tmp_path, capsys, argv, message):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    argv = [arg.format(tmp=tmp_path, model=tiny_llama) for arg in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-gate-attention: error:") and "\n" not in err and message in err
+
+
+def test_cli_push_without_token_fails_before_uploading(tiny_llama, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "")
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    monkeypatch.setattr("hf_gate_attention.hub.get_token", lambda: None)
+    assert main(["patch", str(tiny_llama), str(tmp_path / "gated")]) == 0
+    assert main(["push", str(tmp_path / "gated"), "me/x"]) == 2
+    assert "no Hugging Face token" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["patch", "card", "push", "info"])
+def test_cli_help_lists_every_option(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    expected = {"patch": "--granularity", "card": "--results", "push": "--private", "info": "--json"}
+    assert expected[command] in text
+
+
+def test_cli_summarize_is_the_recipe_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["summarize", "--help"])
+    assert "--max_steps" in capsys.readouterr().out

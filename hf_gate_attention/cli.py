@@ -165,17 +165,14 @@ def cmd_info(args) -> None:
         print(f"{block:<40} {stats['weight_abs_mean']:>10.4g} {mean:>13.4f} {low:>8.4f} {high:>8.4f}")
 
 
+def _card_options(args) -> dict:
+    return {"results": args.results, "run": args.run, "base_model": args.base_model, "datasets": args.dataset}
+
+
 def cmd_card(args) -> None:
     from .card import write_model_card
 
-    path = write_model_card(
-        args.folder,
-        results=args.results,
-        run=args.run,
-        base_model=args.base_model,
-        datasets=args.dataset,
-        repo_id=args.repo_id,
-    )
+    path = write_model_card(args.folder, repo_id=args.repo_id, **_card_options(args))
     print(f"Wrote {path}")
 
 
@@ -185,15 +182,12 @@ def cmd_push(args) -> None:
     info = push_to_hub(
         args.folder,
         args.repo_id,
-        results=args.results,
-        run=args.run,
-        base_model=args.base_model,
-        datasets=args.dataset,
         private=args.private,
         revision=args.revision,
         commit_message=args.commit_message,
         token=args.token,
         create_pr=args.create_pr,
+        **_card_options(args),
     )
     print(f"Pushed {args.folder} to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 

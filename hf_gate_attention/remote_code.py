@@ -9,15 +9,14 @@ builds transformers' own model class and adds the same gates with the same hooks
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import transformers
 from torch import nn
 from transformers.models.auto import modeling_auto
 
+from .atomic import atomic_write_text
 from .families import AttentionFamily, family_for
 from .hooks import unwrap_model
 
@@ -121,18 +120,6 @@ def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
     return source
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
     """`model.save_pretrained` of a patched model: transformers' save plus the remote code and `auto_map`.
 
@@ -161,5 +148,5 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
         family = family_for(base.config.model_type)
         files = {f"{ENTRY_MODULE}.py": entry_file(family, classes), **runtime_files()}
         for name, text in files.items():
-            write_text_atomic(folder / name, text)
+            atomic_write_text(folder / name, text)
     return result

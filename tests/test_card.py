@@ -8,12 +8,13 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-import transformers
+from conftest import tiny_model
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from test_recipe import make_dataset, make_tiny_model, tiny_config
 
 import hf_gate_attention
+from hf_gate_attention import atomic
 from hf_gate_attention import card as card_module
 from hf_gate_attention.card import NO_RESULTS, TEMPLATE, render_model_card, write_model_card
 from hf_gate_attention.summarization import RecipeConfig, run_comparison
@@ -37,15 +38,7 @@ def recipe_results(tmp_path_factory) -> Path:
 
 
 def save_tiny_gated(folder: Path, gate=None, **save_kwargs):
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-    )
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_model("llama")
     if gate is not None:
         hf_gate_attention.patch(model, gate)
     model.save_pretrained(folder, **save_kwargs)
@@ -142,15 +135,21 @@ def test_limitations_are_generated_from_the_numbers(recipe_results, tmp_path):
     for name in ("comparison.json", "config.json", "baseline/metrics.json", "qk-elementwise/metrics.json"):
         (results / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(recipe_results / name, results / name)
+    baseline = json.loads((results / "baseline" / "metrics.json").read_text())
+    base = baseline["rouge"]["rougeL"]["mean"]  # a gain of 4 % of it: above the claimed 3.2 %, CI above 0
+    gain = {"delta": 0.04 * base, "low": 0.035 * base, "high": 0.05 * base, "percent": 4.0}
     for path in (results / "comparison.json", results / "qk-elementwise" / "metrics.json"):
         data = json.loads(path.read_text())
         row = next(r for r in data["runs"] if r["run"] == "qk-elementwise") if "runs" in data else data
-        row["deltas"]["rougeL"] |= {"delta": 1.0, "low": 0.5, "high": 1.5, "percent": 4.0}
+        row["deltas"]["rougeL"] |= gain
         row["speed_ratios"]["speedup"] = 0.9
+        for run_round, base_round in zip(row["speed"]["rounds"], baseline["speed"]["rounds"], strict=True):
+            run_round["seconds_per_summary"] = base_round["seconds_per_summary"] / 0.9
         path.write_text(json.dumps(data))
 
     text = str(render_model_card(recipe_results / "qk-elementwise" / "model", results=results))
-    assert "+1.00 points [+0.50, +1.50] (+4.0 %): significantly higher" in text
+    shown = f"{gain['delta']:+.2f} points [{gain['low']:+.2f}, {gain['high']:+.2f}] (+4.0 %)"
+    assert f"{shown}: significantly higher" in text
     assert "claim of +3.2 % ROUGE-L on long-document summarization is reproduced" in text
     assert "slower than the baseline, x0.900" in text and "+18 % inference speed is not reproduced" in text
 
@@ -224,7 +223,7 @@ def test_readme_is_written_atomically(tmp_path, monkeypatch):
     def fail(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(card_module.os, "replace", fail)
+    monkeypatch.setattr(atomic.os, "replace", fail)
     (tmp_path / "m" / "README.md").write_text("old")
     with pytest.raises(OSError, match="disk full"):
         write_model_card(tmp_path / "m")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import tiny_model
 from hub_server import TOKEN, FakeHub
 from huggingface_hub import constants
 from huggingface_hub.errors import LocalTokenNotFoundError
@@ -59,19 +60,7 @@ def card_calls(monkeypatch):
 
 
 def tiny_gated_model(seed: int = 0):
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=100,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_model("llama", seed=seed)
     # init="paper": gates about 0.5, so a model loaded without them would give different logits
     return hf_gate_attention.patch(model, hf_gate_attention.GateConfig(variant="output", init="paper"))
 
@@ -153,7 +142,7 @@ def test_push_model_round_trip(hub, card_calls, tmp_path):
     assert hub.repos["alice/tiny-gated"].private
     assert info.oid == hub.head("alice/tiny-gated") and info.repo_url.repo_id == "alice/tiny-gated"
 
-    input_ids = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    input_ids = torch.randint(3, 99, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(input_ids).logits
     expected_file = tmp_path / "expected.pt"

@@ -16,33 +16,14 @@ Layout of `<output_dir>/<name>/`:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write_text
 from .config import RESUMABLE_KEYS, RecipeConfig, identity_differences
 
 CONFIG_FILE = "config.json"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file next to `path`, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # same folder: os.replace stays atomic
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

@@ -1,0 +1,61 @@
+"""Verdict rules on the article's claims, and REPRODUCTION.md written from a real (tiny) comparison."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from test_card import recipe_results  # noqa: F401 (session fixture: a real results folder)
+
+from hf_gate_attention.claims import rouge_verdict, speed_verdict
+from hf_gate_attention.summarization.reproduction import main, reproduction_report
+
+# baseline ROUGE-L 25: the claimed +3.2 % is +0.8 points
+ROUGE_CASES = [
+    ({"delta": 1.0, "low": 0.2, "high": 1.8}, "reproduced"),  # significant and at least the claim
+    ({"delta": 0.5, "low": 0.1, "high": 0.9}, "inconclusive"),  # significant, smaller, CI reaches 0.8
+    ({"delta": 0.3, "low": 0.1, "high": 0.7}, "not reproduced"),  # significant but CI below the claim
+    ({"delta": 0.2, "low": -0.6, "high": 1.0}, "inconclusive"),  # CI holds 0 and the claim
+    ({"delta": -0.9, "low": -1.5, "high": -0.2}, "not reproduced"),
+]
+
+
+@pytest.mark.parametrize(("delta", "verdict"), ROUGE_CASES)
+def test_rouge_verdict(delta, verdict):
+    assert rouge_verdict(delta, baseline_mean=25.0) == verdict
+
+
+@pytest.mark.parametrize(
+    ("speedups", "verdict"),
+    [([1.2, 1.25, 1.19], "reproduced"), ([0.9, 1.0, 1.17], "not reproduced"), ([1.1, 1.3], "inconclusive")],
+)
+def test_speed_verdict(speedups, verdict):
+    assert speed_verdict(speedups) == verdict
+
+
+def test_report_from_a_real_comparison(recipe_results, tmp_path):  # noqa: F811
+    out = tmp_path / "REPRODUCTION.md"
+    assert main([str(recipe_results), "--out", str(out)]) == 0
+    text = out.read_text()
+    comparison = json.loads((recipe_results / "comparison.json").read_text())
+    gated = [row for row in comparison["runs"] if row["gate"] is not None]
+    for row in gated:
+        delta = row["deltas"]["rougeL"]
+        assert f"| {row['run']} | {delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]" in text
+    assert text.count("\n| ") >= len(gated) + 2 * len(comparison["runs"])
+    assert "ROUGE-L +3.2 %: **" in text and "Inference speed +18 %: **" in text
+    assert "configs/gpu.yaml" in text and f"--out {out}" in text
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):  # noqa: F811
+    results = tmp_path / "no_baseline"
+    shutil.copytree(recipe_results, results, ignore=shutil.ignore_patterns("checkpoints", "model"))
+    comparison = json.loads((results / "comparison.json").read_text())
+    comparison["runs"] = [row for row in comparison["runs"] if row["gate"] is not None]
+    (results / "comparison.json").write_text(json.dumps(comparison))
+    with pytest.raises(ValueError, match="no baseline run"):
+        reproduction_report(results, "cmd")
+    assert main([str(results), "--out", str(tmp_path / "x.md")]) == 2
+    assert "no baseline run" in capsys.readouterr().err and not (tmp_path / "x.md").exists()

@@ -99,7 +99,7 @@ _DOWNLOAD = """
 import sys, huggingface_hub, torch, transformers, hf_gate_attention
 repo_id, expected_file = sys.argv[1:]
 expected = torch.load(expected_file)
-model = hf_gate_attention.from_pretrained(repo_id).eval()
+model = hf_gate_attention.from_pretrained(repo_id, attn_implementation="eager").eval()
 with torch.no_grad():
     logits = model(expected["input_ids"]).logits
 tokenizer = transformers.AutoTokenizer.from_pretrained(repo_id)

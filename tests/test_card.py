@@ -8,33 +8,14 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
+from helpers import tiny_model
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
-from test_recipe import make_dataset, make_tiny_model, tiny_config
 
 import hf_gate_attention
 from hf_gate_attention import atomic
 from hf_gate_attention import card as card_module
 from hf_gate_attention.card import NO_RESULTS, TEMPLATE, render_model_card, write_model_card
-from hf_gate_attention.summarization import RecipeConfig, run_comparison
-
-OUTPUT = {"variant": "output", "granularity": "headwise"}
-RUNS = [
-    {"name": "baseline", "gate": None},
-    {"name": "output-headwise", "gate": OUTPUT},
-    {"name": "output-headwise-b", "gate": OUTPUT},  # same gate: picking by gate config is ambiguous
-    {"name": "qk-elementwise", "gate": {"variant": "qk", "granularity": "elementwise"}},
-]
-
-
-@pytest.fixture(scope="session")
-def recipe_results(tmp_path_factory) -> Path:
-    """A real results folder of the summarization recipe (tiny Llama, 2 steps per run)."""
-    root = tmp_path_factory.mktemp("card_recipe")
-    assets = {"model": make_tiny_model(root / "model"), "data": make_dataset(root / "data")}
-    keys = tiny_config(assets, root / "results", runs=RUNS, eval_steps=None, max_steps=2, speed_examples=1)
-    return run_comparison(RecipeConfig.from_dict(keys))
 
 
 def save_tiny_gated(folder: Path, gate=None, **save_kwargs):

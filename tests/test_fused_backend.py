@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_inputs, tiny_model
+from helpers import tiny_inputs, tiny_model
 
 pytest.importorskip("triton")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import tiny_model
+from helpers import tiny_model
 from hub_server import TOKEN, FakeHub
 from huggingface_hub import constants
 from huggingface_hub.errors import LocalTokenNotFoundError

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers
-from conftest import VARIANTS, first_output, tiny_inputs, tiny_model
+from helpers import VARIANTS, first_output, tiny_inputs, tiny_model
 
 import hf_gate_attention
 from hf_gate_attention import gate_parameters, patch, unpatch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from conftest import GRANULARITIES, TINY_MODELS, VARIANTS, first_output, tiny_inputs, tiny_model
+from helpers import GRANULARITIES, TINY_MODELS, VARIANTS, first_output, tiny_inputs, tiny_model
 
 from hf_gate_attention import (
     AttentionFamily,

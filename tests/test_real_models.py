@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from conftest import GRANULARITIES, VARIANTS
+from helpers import GRANULARITIES, VARIANTS
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.offline import dinov2_small_path, minilm_path, smollm2_path

@@ -4,136 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
-import yaml
+from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
 from safetensors import safe_open
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from hf_gate_attention.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.summarization.cli import main
 from hf_gate_attention.summarization.config import parse_overrides
 from hf_gate_attention.summarization.files import check_run_dir, claim_run_dir
-
-WORDS = [f"w{i}" for i in range(12)]
-PROMPT_WORDS = ["Summarize", "the", "following", "paper", "Document", "Summary"]
-SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
-RUNS = [
-    {"name": "baseline", "gate": None},
-    {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}},
-    {"name": "qk-elementwise", "gate": {"variant": "qk", "granularity": "elementwise"}},
-]
-
-
-def _document(rng: random.Random) -> str:
-    sentences = [" ".join(rng.choices(WORDS, k=rng.randint(4, 8))) + " ." for _ in range(rng.randint(4, 8))]
-    return " ".join(sentences)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-def make_dataset(folder: Path, empty_train_documents: int = 0) -> Path:
-    """train/validation/test JSONL files; the summary is the first sentence of the document."""
-    rng = random.Random(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, size in (("train", 12), ("validation", 4), ("test", 4)):
-        rows = []
-        for i in range(size):
-            document = _document(rng)
-            rows.append(
-                {"id": f"{split}-{i}", "document": document, "summary": document.split(" . ")[0] + " ."}
-            )
-        if split == "train":
-            rows += [
-                {"id": f"empty-{i}", "document": " ", "summary": "w1 ."} for i in range(empty_train_documents)
-            ]
-        write_jsonl(folder / f"{split}.jsonl", rows)
-    return folder
-
-
-def make_tiny_model(folder: Path) -> Path:
-    """A random 2-layer LlamaForCausalLM and a word-level tokenizer (no chat template) saved in `folder`."""
-    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS + PROMPT_WORDS + [".", ":", "[", "]"])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    config = transformers.LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # special tokens get logit 0, below the best word: summaries are words, never empty
-        model.lm_head.weight[: len(SPECIAL)] = 0
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="session")
-def tiny_assets(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny_recipe")
-    return {
-        "model": make_tiny_model(root / "model"),
-        "data": make_dataset(root / "data", empty_train_documents=2),
-    }
-
-
-def tiny_config(assets: dict[str, Path], output_dir: Path, **overrides) -> dict:
-    """Config keys of a comparison that runs in seconds."""
-    return {
-        "name": "tiny",
-        "output_dir": str(output_dir),
-        "model": str(assets["model"]),
-        "dataset": str(assets["data"]),
-        "attn_implementation": "eager",
-        "runs": RUNS,
-        "doc_token_budget": 48,
-        "max_summary_tokens": 12,
-        "max_steps": 4,
-        "per_device_train_batch_size": 2,
-        "learning_rate": 1e-4,
-        "gate_learning_rate": 1e-2,
-        "logging_steps": 1,
-        "eval_steps": 2,
-        "save_steps": 2,
-        "max_new_tokens": 6,
-        "generation_batch_size": 3,
-        "n_bootstrap": 50,
-        "speed_examples": 2,
-        "speed_rounds": 2,
-        "speed_new_tokens": 4,
-        **overrides,
-    }
-
-
-def write_config(path: Path, keys: dict) -> Path:
-    path.write_text(yaml.safe_dump(keys), encoding="utf-8")
-    return path
-
-
-def loss_steps(run_dir: Path) -> list[int]:
-    history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
-    return [entry["step"] for entry in history if "loss" in entry]
-
 
 # ------------------------------------------------------------------------------------------- end to end
 

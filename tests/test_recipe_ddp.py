@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_recipe import RUNS, loss_steps, make_dataset, make_tiny_model, tiny_config, write_config
+from helpers import RUNS, loss_steps, make_dataset, make_tiny_model, tiny_config, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import GRANULARITIES, VARIANTS, first_output, tiny_inputs, tiny_model
+from helpers import GRANULARITIES, VARIANTS, first_output, tiny_inputs, tiny_model
 
 from hf_gate_attention import patch
 from hf_gate_attention.families import family_for

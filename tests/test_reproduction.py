@@ -6,7 +6,6 @@ import json
 import shutil
 
 import pytest
-from test_card import recipe_results  # noqa: F401 (session fixture: a real results folder)
 
 from hf_gate_attention.claims import rouge_verdict, speed_verdict
 from hf_gate_attention.summarization.reproduction import main, reproduction_report
@@ -34,7 +33,7 @@ def test_speed_verdict(speedups, verdict):
     assert speed_verdict(speedups) == verdict
 
 
-def test_report_from_a_real_comparison(recipe_results, tmp_path):  # noqa: F811
+def test_report_from_a_real_comparison(recipe_results, tmp_path):
     out = tmp_path / "REPRODUCTION.md"
     assert main([str(recipe_results), "--out", str(out)]) == 0
     text = out.read_text()
@@ -49,7 +48,7 @@ def test_report_from_a_real_comparison(recipe_results, tmp_path):  # noqa: F811
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):  # noqa: F811
+def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):
     results = tmp_path / "no_baseline"
     shutil.copytree(recipe_results, results, ignore=shutil.ignore_patterns("checkpoints", "model"))
     comparison = json.loads((results / "comparison.json").read_text())

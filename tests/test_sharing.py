@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import TINY_MODELS, first_output, tiny_inputs, tiny_model
-from test_recipe import make_tiny_model
+from helpers import TINY_MODELS, first_output, make_tiny_model, tiny_inputs, tiny_model
 
 import hf_gate_attention
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import IMAGE_MODELS, first_output, tiny_model
+from helpers import IMAGE_MODELS, first_output, tiny_inputs, tiny_model
 
 pytest.importorskip("triton")
 

@@ -265,6 +265,87 @@ def test_sigmoid_gate_multiply_takes_a_strided_slice():
     torch.testing.assert_close(sigmoid_gate_multiply(values, gate_logits), expected)
 
 
+# --- Memory safety: no read or write outside the tensors ---
+
+
+
+
+class _GuardedTorch:
+    """`torch` for the kernel launchers, whose `empty`/`empty_like` place each output inside a NaN-filled
+    buffer: a kernel store outside its output changes the guard (`assert_guards_intact`)."""
+
+    def __init__(self):
+        self.buffers: list[tuple[torch.Tensor, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def empty(self, *size, dtype=None, device=None):
+        shape = tuple(size[0]) if len(size) == 1 and not isinstance(size[0], int) else size
+        return self._guarded(shape, dtype or torch.get_default_dtype(), device)
+
+    def empty_like(self, tensor):
+        return self._guarded(tensor.shape, tensor.dtype, tensor.device)
+
+    def _guarded(self, shape, dtype, device):
+        return guarded(torch.empty(shape, dtype=dtype, device=device), self.buffers)
+
+
+def guarded(tensor: torch.Tensor, buffers: list) -> torch.Tensor:
+    """A copy of `tensor` in the middle of a buffer whose other elements (the guards) are NaN or 0x5A."""
+    fill = float("nan") if tensor.is_floating_point() else 0x5A
+    dtype = tensor.dtype if tensor.dtype != torch.bool else torch.uint8
+    guard = tensor.numel() + 64  # wider than a tile's overshoot, so that a stray store lands in the guard
+    buffer = torch.full((tensor.numel() + 2 * guard,), fill, dtype=dtype, device=tensor.device)
+    inner = buffer[guard : guard + tensor.numel()].view(tensor.shape)
+    inner.copy_(tensor.to(dtype))
+    buffers.append((buffer, fill, guard))
+    return inner.view(torch.bool) if tensor.dtype == torch.bool else inner
+
+
+def assert_guards_intact(buffers: list) -> None:
+    for buffer, fill, size in buffers:
+        for guard in (buffer[:size], buffer[-size:]):
+            intact = guard.isnan().all() if isinstance(fill, float) else (guard == fill).all()
+            assert intact, f"a kernel wrote outside a tensor of {buffer.numel() - 2 * size} elements"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(2, 17, 4, 2, 32, causal=False, padding="right", gate="headwise", dtype="fp32"),
+        Case(1, 33, 3, 1, 24, causal=True, padding="left", gate="elementwise", dtype="fp32", top_k=2),
+        Case(2, 5, 2, 2, 40, causal=True, padding="none", gate="headwise", dtype="bf16", keys=21),
+    ],
+    ids=lambda case: case.id,
+)
+def test_kernels_touch_only_their_tensors(case, monkeypatch):
+    """Every input sits in a NaN-guarded buffer (a read outside it would put NaN in the results) and every
+    output the launchers allocate too (a write outside it would overwrite the guard)."""
+    from hf_gate_attention.kernels import gate_multiply, gated_attention
+
+    outputs = _GuardedTorch()
+    for module in (gated_attention, gate_multiply):
+        monkeypatch.setattr(module, "torch", outputs)
+    inputs_buffers: list = []
+    inputs = {
+        name: guarded(t, inputs_buffers) if t is not None else None
+        for name, t in attention_inputs(case).items()
+    }
+    check_attention(inputs, case.causal)
+    values = guarded(torch.randn(3, case.length, case.heads, case.dim), inputs_buffers)
+    logits = guarded(torch.randn(3, case.length, case.heads, 1), inputs_buffers)
+    grad_out = torch.randn(values.shape)
+    out, grads = run_with_grads(sigmoid_gate_multiply, [values, logits], grad_out, gate_scale=2.0)
+    ref, ref_grads = run_with_grads(
+        sigmoid_gate_multiply_reference, [values, logits], grad_out, gate_scale=2.0
+    )
+    for result, expected in zip([out, *grads], [ref, *ref_grads], strict=True):
+        torch.testing.assert_close(result, expected)
+    assert len(outputs.buffers) >= 8  # out, lse, delta, dz, dk, dv, dq of the attention; the multiply's
+    assert_guards_intact(outputs.buffers + inputs_buffers)
+
+
 # --- Custom ops, torch.compile, errors ---
 
 

@@ -30,7 +30,7 @@ demo: install
 # rerunning continues where it stopped.
 reproduce: install
 	$(PY) -m recipes.summarization --config recipes/summarization/configs/reproduce.yaml --resume
-	$(PY) -m hf_gate_attention.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
+	$(PY) -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
 
 test: install
 	$(PY) -m pytest -q tests

@@ -1,48 +1,85 @@
 """hf-gate-attention: gated attention for pretrained Hugging Face models in one call.
 
-from hf_gate_attention import GateConfig, patch
-model = patch(model, GateConfig(variant="output", granularity="headwise", init="identity"))
+    from hf_gate_attention import GateConfig, patch
+    model = patch(model, GateConfig(variant="output", granularity="headwise", init="identity"))
+
+The package, by room (imports flow down this list only):
+
+- `cli`, `demo`: the command line on top of everything below.
+- `recipes`: the recipes' library code (summarization fine-tuning, evaluation); needs the `[recipes]` extra.
+- `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
+- `kernels`: fused Triton kernels beside their PyTorch references, custom ops, dispatch.
+- `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
+- `files`, `formatting`, `claims`, `offline`: shared helpers (atomic files, tables, the article's claims,
+  offline model copies).
+
+`import hf_gate_attention` loads only `core`; the sharing names below are imported on first use.
 """
 
-from .card import render_model_card, write_model_card
-from .config import GateConfig
-from .families import AttentionFamily, register_family, supported_model_types
-from .gate import AttentionGate
-from .hub import push_to_hub
-from .loading import (
-    AutoGatedModel,
-    AutoGatedModelForCausalLM,
-    AutoGatedModelForImageClassification,
-    AutoGatedModelForMaskedLM,
-    AutoGatedModelForQuestionAnswering,
-    AutoGatedModelForSequenceClassification,
-    AutoGatedModelForTokenClassification,
-    from_pretrained,
+from __future__ import annotations
+
+import importlib
+
+from .core.config import GateConfig
+from .core.families import AttentionFamily, register_family, supported_model_types
+from .core.gate import AttentionGate
+from .core.patching import (
+    freeze_all_but_gates,
+    gate_backend_of,
+    gate_config_of,
+    gate_parameters,
+    is_patched,
+    patch,
+    unpatch,
 )
-from .patching import gate_config_of, gate_parameters, is_patched, patch, unpatch
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it, imported on first access (PEP 562): the Hub client and the card
+# renderer stay unloaded for users who only patch
+_LAZY = {
+    "push_to_hub": "hub",
+    "render_model_card": "card",
+    "write_model_card": "card",
+    "from_pretrained": "loading",
+    **{
+        name: "loading"
+        for name in (
+            "AutoGatedModel",
+            "AutoGatedModelForCausalLM",
+            "AutoGatedModelForImageClassification",
+            "AutoGatedModelForMaskedLM",
+            "AutoGatedModelForQuestionAnswering",
+            "AutoGatedModelForSequenceClassification",
+            "AutoGatedModelForTokenClassification",
+        )
+    },
+}
 
 __all__ = [
     "AttentionFamily",
     "AttentionGate",
-    "AutoGatedModel",
-    "AutoGatedModelForCausalLM",
-    "AutoGatedModelForImageClassification",
-    "AutoGatedModelForMaskedLM",
-    "AutoGatedModelForQuestionAnswering",
-    "AutoGatedModelForSequenceClassification",
-    "AutoGatedModelForTokenClassification",
     "GateConfig",
-    "from_pretrained",
+    "freeze_all_but_gates",
+    "gate_backend_of",
     "gate_config_of",
     "gate_parameters",
     "is_patched",
     "patch",
-    "push_to_hub",
     "register_family",
-    "render_model_card",
     "supported_model_types",
     "unpatch",
-    "write_model_card",
+    *sorted(_LAZY),
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".sharing.{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .config import GateConfig
+from .core.config import GateConfig
 
 PROG = "hf-gate-attention"
 # Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
@@ -57,8 +57,8 @@ def cmd_patch(args) -> None:
     """Load a model, add gates, save it (with its tokenizer / image processor) to a new folder."""
     import transformers
 
+    from .core.patching import gate_parameters, patch
     from .offline import resolve_model
-    from .patching import gate_parameters, patch
 
     output = Path(args.output)
     if output.exists() and any(output.iterdir()) and not args.overwrite:
@@ -105,13 +105,13 @@ def gate_statistics(folder: str | Path) -> dict:
 
     The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained identity gate).
     """
-    from .card import read_checkpoint
-    from .loading import _gate_tensors
+    from .sharing.card import read_checkpoint
+    from .sharing.loading import gate_tensors
 
     checkpoint = read_checkpoint(folder)
     gate = checkpoint["gate"]
     layers = {}
-    for key, tensor in sorted(_gate_tensors(str(folder)).items()):
+    for key, tensor in sorted(gate_tensors(str(folder)).items()):
         block, name = key.split(".attn_gate.")
         values = tensor.float()
         entry = layers.setdefault(block, {})
@@ -154,7 +154,7 @@ def cmd_info(args) -> None:
     print(f"{args.checkpoint}: {info['model_type']} {', '.join(info['architectures'] or [])}")
     print(
         f"gate: variant={gate['variant']} granularity={gate['granularity']} init={gate['init']} "
-        f"top_k={gate['top_k']} backend={gate['backend']}"
+        f"top_k={gate['top_k']}"
     )
     print(f"gated layers: {info['gated_layers']}; added parameters: {info['added_params']:,} ({share:.3f} %)")
     print(f"identity gates (computes the ungated model): {'yes' if info['gates_are_identity'] else 'no'}")
@@ -170,14 +170,14 @@ def _card_options(args) -> dict:
 
 
 def cmd_card(args) -> None:
-    from .card import write_model_card
+    from .sharing.card import write_model_card
 
     path = write_model_card(args.folder, repo_id=args.repo_id, **_card_options(args))
     print(f"Wrote {path}")
 
 
 def cmd_push(args) -> None:
-    from .hub import push_to_hub
+    from .sharing.hub import push_to_hub
 
     info = push_to_hub(
         args.folder,
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (2 with a one-line reason for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["summarize"]:
-        from .summarization.cli import main as summarize
+        from .recipes.summarization.cli import main as summarize
 
         return summarize(argv[1:])
     args = build_parser().parse_args(argv)

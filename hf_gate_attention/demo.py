@@ -10,7 +10,8 @@ import argparse
 import torch
 import transformers
 
-from . import GateConfig, gate_parameters, patch, unpatch
+from .core.config import GateConfig
+from .core.patching import gate_parameters, patch, unpatch
 from .offline import resolve_model
 
 CASES = [

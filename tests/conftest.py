@@ -46,7 +46,7 @@ def tiny_assets(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def recipe_results(tmp_path_factory) -> Path:
     """A real results folder of the summarization recipe (tiny Llama, 2 steps per run)."""
-    from hf_gate_attention.summarization import RecipeConfig, run_comparison
+    from hf_gate_attention.recipes.summarization import RecipeConfig, run_comparison
 
     root = tmp_path_factory.mktemp("card_recipe")
     assets = {"model": make_tiny_model(root / "model"), "data": make_dataset(root / "data")}

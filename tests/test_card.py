@@ -13,9 +13,9 @@ from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
 import hf_gate_attention
-from hf_gate_attention import atomic
-from hf_gate_attention import card as card_module
-from hf_gate_attention.card import NO_RESULTS, TEMPLATE, render_model_card, write_model_card
+from hf_gate_attention import files as atomic
+from hf_gate_attention.sharing import card as card_module
+from hf_gate_attention.sharing.card import NO_RESULTS, TEMPLATE, render_model_card, write_model_card
 
 
 def save_tiny_gated(folder: Path, gate=None, **save_kwargs):
@@ -31,7 +31,7 @@ def metrics_of(results: Path, run: str) -> dict:
 
 
 def test_template_ships_inside_the_package():
-    assert resources.files("hf_gate_attention").joinpath(*TEMPLATE).is_file()
+    assert resources.files("hf_gate_attention.sharing.card").joinpath(*TEMPLATE).is_file()
 
 
 @pytest.mark.parametrize("shards", ["single", "sharded"])

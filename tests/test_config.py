@@ -11,7 +11,6 @@ from hf_gate_attention import GateConfig
         ("variant", "gate", "output, value, qk"),
         ("granularity", "channelwise", "headwise, elementwise"),
         ("init", "zeros", "identity, paper"),
-        ("backend", "cuda", "auto, torch, triton"),
         ("top_k", 0, "None or an int >= 1"),
         ("top_k", True, "None or an int >= 1"),
         ("top_k", 1.5, "None or an int >= 1"),
@@ -38,6 +37,15 @@ def test_unknown_fields_are_refused():
         GateConfig.from_dict({"variant": "output", "gate_size": 3})
     with pytest.raises(ValueError, match=r"Unknown GateConfig field.*granulrity"):
         GateConfig().replace(granulrity="headwise")
+
+
+def test_the_backend_is_not_part_of_the_config():
+    """How a gate runs is chosen by patch/from_pretrained; only old checkpoints carry a `backend` entry."""
+    assert "backend" not in GateConfig().to_dict()
+    with pytest.raises(ValueError, match=r"Unknown GateConfig field\(s\): backend"):
+        GateConfig.from_dict({"variant": "qk", "backend": "triton"})
+    old = {"variant": "qk", "granularity": "headwise", "init": "paper", "top_k": None, "layers": None}
+    assert GateConfig.from_saved({**old, "backend": "triton"}) == GateConfig.from_dict(old)
 
 
 def test_identity_init_scales_the_sigmoid_by_two():

@@ -1,9 +1,11 @@
-"""`GateConfig(backend="triton")`: patched models on the fused kernels equal the torch reference path.
+"""`patch(..., backend="triton")`: patched models on the fused kernels equal the torch reference path.
 
 On this CPU machine the kernels run through Triton's interpreter (`TRITON_INTERPRET=1`, set in conftest).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -12,8 +14,15 @@ from helpers import tiny_inputs, tiny_model
 pytest.importorskip("triton")
 
 import hf_gate_attention.kernels
-from hf_gate_attention import gate_parameters, patch, unpatch
-from hf_gate_attention.fused import ATTN_IMPLEMENTATION
+from hf_gate_attention import (
+    from_pretrained,
+    gate_backend_of,
+    gate_config_of,
+    gate_parameters,
+    patch,
+    unpatch,
+)
+from hf_gate_attention.kernels.dispatch import ATTN_IMPLEMENTATION
 
 
 def _run(model_type, backend, variant, top_k, inputs):
@@ -60,11 +69,11 @@ def test_triton_unavailable_names_the_fallback(monkeypatch):
     monkeypatch.setattr(hf_gate_attention.kernels, "triton_available", lambda: (False, "no CUDA GPU"))
     model = tiny_model("llama")
     with pytest.raises(
-        ValueError, match=r"backend='triton'\) cannot run here: no CUDA GPU. Fallback: backend='torch'"
+        ValueError, match=r"backend='triton' cannot run here: no CUDA GPU. Fallback: backend='torch'"
     ):
         patch(model, backend="triton")
     patch(model, backend="auto")  # auto falls back to the torch path
-    assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "eager" and gate_backend_of(model) == "torch"
 
 
 def test_unsupported_head_dim_and_options_are_refused():
@@ -87,3 +96,47 @@ def test_attention_dropout_is_refused_not_ignored():
     ).train()
     with pytest.raises(ValueError, match="no attention dropout"):
         model(**tiny_inputs("bert"))
+
+
+def test_invalid_backend_names_the_accepted_values():
+    with pytest.raises(
+        ValueError, match=r"backend='cuda' is not valid; accepted values: auto, torch, triton"
+    ):
+        patch(tiny_model("llama"), backend="cuda")
+
+
+@pytest.mark.parametrize("variant", ["output", "value"])
+def test_checkpoints_do_not_remember_the_backend(tmp_path, variant, monkeypatch):
+    """Saved on the fused kernels, loaded where they cannot run: the checkpoint holds what the gate computes,
+    the backend is chosen at load time."""
+    model = patch(tiny_model("llama"), variant=variant, init="paper", backend="triton")
+    assert gate_backend_of(model) == "triton"
+    inputs = tiny_inputs("llama", batch=1, length=7)
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())["gate_attention"]
+    assert "backend" not in saved and saved["variant"] == variant
+    assert model.config._attn_implementation in ("eager", ATTN_IMPLEMENTATION)  # save changed nothing
+
+    monkeypatch.setattr(hf_gate_attention.kernels, "triton_available", lambda: (False, "no CUDA GPU"))
+    loaded = from_pretrained(tmp_path)  # auto: the torch path here
+    assert gate_backend_of(loaded) == "torch" and gate_config_of(loaded) == gate_config_of(model)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, expected, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="backend='triton' cannot run here"):
+        from_pretrained(tmp_path, backend="triton")
+
+
+def test_old_checkpoints_that_saved_a_backend_still_load(tmp_path):
+    model = patch(tiny_model("llama"), variant="qk", init="paper", backend="torch")
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    config = json.loads(config_file.read_text())
+    config["gate_attention"]["backend"] = "triton"  # what version 0.1.0 wrote
+    config_file.write_text(json.dumps(config))
+    loaded = from_pretrained(tmp_path, backend="torch")
+    assert gate_config_of(loaded) == gate_config_of(model) and gate_backend_of(loaded) == "torch"
+    inputs = tiny_inputs("llama", batch=1, length=5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits)

@@ -25,8 +25,8 @@ from huggingface_hub.errors import LocalTokenNotFoundError
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import hf_gate_attention
-from hf_gate_attention import card
-from hf_gate_attention.hub import DEFAULT_COMMIT_MESSAGE, push_to_hub
+from hf_gate_attention.sharing import card
+from hf_gate_attention.sharing.hub import DEFAULT_COMMIT_MESSAGE, push_to_hub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_server_refuses_writes_without_token(hub):
 def test_model_push_to_hub_method(hub, card_calls):
     model = tiny_gated_model()
     if getattr(model.push_to_hub, "__func__", None) is type(model).push_to_hub:
-        pytest.skip("patch() does not bind hf_gate_attention.hub.push_to_hub on the model yet")
+        pytest.skip("patch() does not bind hf_gate_attention.sharing.hub.push_to_hub on the model yet")
     info = model.push_to_hub("alice/method", private=True, commit_message="from the model", token=TOKEN)
     assert hub.commits[-1]["summary"] == "from the model" and hub.repos["alice/method"].private
     assert "README.md" in hub.files("alice/method") and info.oid == hub.head("alice/method")

@@ -268,8 +268,6 @@ def test_sigmoid_gate_multiply_takes_a_strided_slice():
 # --- Memory safety: no read or write outside the tensors ---
 
 
-
-
 class _GuardedTorch:
     """`torch` for the kernel launchers, whose `empty`/`empty_like` place each output inside a NaN-filled
     buffer: a kernel store outside its output changes the guard (`assert_guards_intact`)."""

@@ -19,7 +19,7 @@ from hf_gate_attention import (
     supported_model_types,
     unpatch,
 )
-from hf_gate_attention.families import _FAMILIES
+from hf_gate_attention.core.families import _FAMILIES
 
 FAMILIES = sorted(TINY_MODELS)
 
@@ -29,7 +29,7 @@ def test_every_registered_family_has_a_tiny_model():
 
 
 def _expected_gate_params(model, config: GateConfig) -> int:
-    """Parameter count from the formulas in hf_gate_attention.gate (weights + biases per layer)."""
+    """Parameter count from the formulas in hf_gate_attention.core.gate (weights + biases per layer)."""
     cfg = model.config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -112,7 +112,7 @@ def test_unsupported_model_lists_types_and_points_to_register_family():
 
 
 def test_register_family_for_a_new_model_type(monkeypatch):
-    monkeypatch.setattr("hf_gate_attention.families._FAMILIES", dict(_FAMILIES))
+    monkeypatch.setattr("hf_gate_attention.core.families._FAMILIES", dict(_FAMILIES))
     with pytest.raises(ValueError, match="already registered"):
         register_family("llama", _FAMILIES["llama"])
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99)

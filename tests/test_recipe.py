@@ -11,10 +11,10 @@ import transformers
 from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
 from safetensors import safe_open
 
-from hf_gate_attention.summarization import RecipeConfig, load_config, run_comparison
-from hf_gate_attention.summarization.cli import main
-from hf_gate_attention.summarization.config import parse_overrides
-from hf_gate_attention.summarization.files import check_run_dir, claim_run_dir
+from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
+from hf_gate_attention.recipes.summarization.cli import main
+from hf_gate_attention.recipes.summarization.config import parse_overrides
+from hf_gate_attention.recipes.summarization.files import check_run_dir, claim_run_dir
 
 # ------------------------------------------------------------------------------------------- end to end
 

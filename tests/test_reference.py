@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from helpers import GRANULARITIES, VARIANTS, first_output, tiny_inputs, tiny_model
 
 from hf_gate_attention import patch
-from hf_gate_attention.families import family_for
-from hf_gate_attention.patching import find_attention_blocks
+from hf_gate_attention.core.families import family_for
+from hf_gate_attention.core.hooks import find_attention_blocks
 
 
 def _rotate_half(x):

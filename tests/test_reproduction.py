@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from hf_gate_attention.claims import rouge_verdict, speed_verdict
-from hf_gate_attention.summarization.reproduction import main, reproduction_report
+from hf_gate_attention.recipes.summarization.reproduction import main, reproduction_report
 
 # baseline ROUGE-L 25: the claimed +3.2 % is +0.8 points
 ROUGE_CASES = [

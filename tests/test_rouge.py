@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from hf_gate_attention.summarization import (
+from hf_gate_attention.recipes.summarization import (
     ROUGE_METRIC_PATH,
     ROUGE_TYPES,
     bootstrap_ci,

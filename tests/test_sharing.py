@@ -17,7 +17,7 @@ from helpers import TINY_MODELS, first_output, make_tiny_model, tiny_inputs, tin
 import hf_gate_attention
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.cli import main
-from hf_gate_attention.remote_code import ENTRY_MODULE, RUNTIME_MODULES, RUNTIME_PREFIX
+from hf_gate_attention.sharing.saving import ENTRY_MODULE, RUNTIME_MODULES, RUNTIME_PREFIX
 
 # (model_type, gate): every variant, both granularities, top-k, a fused-qkv and an image model
 CASES = {
@@ -242,7 +242,7 @@ def test_cli_bad_input_exits_with_one_line(tiny_llama, tmp_path, capsys, argv, m
 def test_cli_push_without_token_fails_before_uploading(tiny_llama, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "")
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
-    monkeypatch.setattr("hf_gate_attention.hub.get_token", lambda: None)
+    monkeypatch.setattr("hf_gate_attention.sharing.hub.get_token", lambda: None)
     assert main(["patch", str(tiny_llama), str(tmp_path / "gated")]) == 0
     assert main(["push", str(tmp_path / "gated"), "me/x"]) == 2
     assert "no Hugging Face token" in capsys.readouterr().err

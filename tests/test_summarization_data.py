@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hf_gate_attention.summarization import (
+from hf_gate_attention.recipes.summarization import (
     DataCollatorForSummarization,
     build_example,
     build_prompt,
     load_summarization_dataset,
     truncate_document,
 )
-from hf_gate_attention.summarization import data as sdata
+from hf_gate_attention.recipes.summarization import data as sdata
 
 
 def _package_dir(name: str) -> Path:
@@ -120,7 +120,7 @@ def test_hub_connection_error_is_explained(monkeypatch):
 
 def test_hub_known_columns(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(sdata, "_hub_offline", lambda: False)
+    monkeypatch.setattr(sdata, "offline_mode", lambda: False)
     fake = datasets.DatasetDict(
         {s: datasets.Dataset.from_dict({"report": ["r"], "summary": ["s"]}) for s in sdata.SPLITS}
     )

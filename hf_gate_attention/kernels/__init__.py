@@ -1,4 +1,4 @@
-"""Fused Triton kernels of gated attention (`GateConfig(backend="triton")`), beside readable references.
+"""Fused Triton kernels of gated attention (`patch(model, backend="triton")`), beside readable references.
 
 - `gated_flash_attention`: flash attention with the sigmoid gate (output gate or the `qk` gate's per-query,
   per-head scale) in the epilogue, forward and backward, causal or not, key padding, GQA, top-k tile skipping.

@@ -28,14 +28,14 @@ def triton_available() -> tuple[bool, str]:
     try:
         import triton  # noqa: F401
     except ImportError:
-        return False, "Triton is not installed (`pip install triton`); use GateConfig(backend='torch')"
+        return False, "Triton is not installed (`pip install triton`); use patch(..., backend='torch')"
     if torch.cuda.is_available():
         return True, "Triton and a CUDA GPU"
     if _interpreting():
         return True, "Triton's interpreter (TRITON_INTERPRET=1): CPU tensors, slow"
     return False, (
         "the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to run them on CPU, slowly); "
-        "use GateConfig(backend='torch')"
+        "use patch(..., backend='torch')"
     )
 
 
@@ -45,7 +45,7 @@ def check_supported(head_dim: int, dtype: torch.dtype) -> None:
         raise ValueError(
             f"head_dim={head_dim} is not supported by the Triton attention kernel: supported head dims are "
             f"multiples of 8 from 8 to {MAX_HEAD_DIM} (e.g. 32, 64, 80, 96, 128); "
-            "use GateConfig(backend='torch')"
+            "use patch(..., backend='torch')"
         )
     _check_dtype(dtype)
 
@@ -54,7 +54,7 @@ def _check_dtype(dtype: torch.dtype) -> None:
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(
             f"dtype {dtype} is not supported by the Triton kernels: supported dtypes are "
-            f"{', '.join(str(t) for t in SUPPORTED_DTYPES)}; use GateConfig(backend='torch')"
+            f"{', '.join(str(t) for t in SUPPORTED_DTYPES)}; use patch(..., backend='torch')"
         )
 
 
@@ -65,7 +65,7 @@ def _require_triton(device: torch.device) -> None:
     if device.type != "cuda" and not _interpreting():
         raise RuntimeError(
             f"the Triton kernels run on CUDA tensors, got {device.type} tensors (set TRITON_INTERPRET=1 to "
-            "run them on CPU, slowly); use GateConfig(backend='torch')"
+            "run them on CPU, slowly); use patch(..., backend='torch')"
         )
 
 

@@ -1,7 +1,7 @@
 """Readable PyTorch references of the fused kernels: the oracle of their tests, in any dtype.
 
-Gate (as in `hf_gate_attention.gate`): `g = gate_scale * sigmoid(z) * keep`, the sigmoid in at least float32,
-`keep` the 0/1 top-k mask. Attention rows with no visible key (all keys padded or masked) are 0, the
+Gate (as in `hf_gate_attention.core.gate`): `g = gate_scale * sigmoid(z) * keep`, the sigmoid in at least
+float32, `keep` the 0/1 top-k mask. Attention rows with no visible key (all keys padded or masked) are 0, the
 flash-attention convention, instead of the NaN of a softmax over nothing.
 """
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from hf_gate_attention.summarization.cli import main
+from hf_gate_attention.recipes.summarization.cli import main
 
 sys.exit(main())

@@ -29,14 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .names import HUB_ALIASES, OFFLINE_MODEL_NAMES
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "HUB_ALIASES",
     "OFFLINE_MODELS",
+    "OFFLINE_MODEL_NAMES",
     "cache_dir",
     "dinov2_small_path",
     "minilm_path",
+    "offline_mode",
     "resolve_model",
     "smollm2_path",
 ]
@@ -337,25 +341,21 @@ def _convert_dinov2_small(out: Path) -> None:
 
 # --------------------------------------------------------------------------- names
 
-OFFLINE_MODELS: dict[str, Callable[[], Path]] = {
-    "all-MiniLM-L6-v2": minilm_path,
-    "SmolLM2-135M-Instruct": smollm2_path,
-    "dinov2-small": dinov2_small_path,
-}
+OFFLINE_MODELS: dict[str, Callable[[], Path]] = dict(
+    zip(OFFLINE_MODEL_NAMES, (minilm_path, smollm2_path, dinov2_small_path), strict=True)
+)
 
-#: Hub ids that :func:`resolve_model` replaces by the offline copy, only when the Hub cannot be used
-#: (``HF_HUB_OFFLINE`` set, or huggingface.co unreachable) and the Hub id is not in the local HF cache.
-#: Note the offline copies differ slightly: SmolLM2 went through Q4_1, DINOv2 was fine-tuned for saliency.
-HUB_ALIASES = {
-    "sentence-transformers/all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
-    "HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct",
-    "facebook/dinov2-small": "dinov2-small",
-}
+
+def offline_mode() -> bool:
+    """Whether the user turned the Hub off (`HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE`: 1/on/yes/true)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(var, "").strip().upper() for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags) or bool(constants.HF_HUB_OFFLINE)
 
 
 def _hub_offline() -> bool:
-    flags = (os.environ.get(var, "").upper() for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags) or not _hub_reachable()
+    return offline_mode() or not _hub_reachable()
 
 
 @functools.lru_cache(maxsize=1)

@@ -3,7 +3,7 @@
     import evaluate
     rouge = evaluate.load("/path/to/hf_gate_attention/summarization/rouge_metric")
 
-(`hf_gate_attention.summarization.ROUGE_METRIC_PATH` holds that path.) Self-contained on purpose:
+(`hf_gate_attention.recipes.summarization.ROUGE_METRIC_PATH` holds that path.) Self-contained on purpose:
 `evaluate` copies this file into its module cache, so it must not import the package it ships in.
 """
 

@@ -1,4 +1,4 @@
-"""Dispatch of patched models to the fused Triton kernels (`GateConfig(backend="triton")`).
+"""Dispatch of patched models to the fused Triton kernels (`patch(..., backend="triton")`).
 
 For the `output` and `qk` gates the model's attention implementation is switched, on that instance only, to
 `hf_gate_attention_triton`: a transformers attention function (registered under our own name, next to `sdpa`
@@ -13,7 +13,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from .config import GateConfig
+from ..core.config import GateConfig
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
 UNSUPPORTED_ATTENTION_OPTIONS = ("sliding_window", "attn_logit_softcapping")
@@ -26,7 +26,7 @@ BLOCK_PATCHES: WeakKeyDictionary = WeakKeyDictionary()
 def _unavailable_reason(config: GateConfig, model_config, head_dim: int, dtype: torch.dtype) -> str | None:
     """Why the fused kernels cannot serve this model, or `None` if they can."""
     try:
-        from .kernels import check_supported, triton_available
+        from . import check_supported, triton_available
     except ImportError as error:
         return f"Triton cannot be imported ({error})"
     available, reason = triton_available()
@@ -43,14 +43,17 @@ def _unavailable_reason(config: GateConfig, model_config, head_dim: int, dtype: 
     return None
 
 
-def resolve_backend(config: GateConfig, model_config, head_dim: int, weight: torch.Tensor) -> str:
-    """`"torch"` or `"triton"` for this model; `backend="triton"` that cannot run raises `ValueError`."""
-    if config.backend == "torch":
+def resolve_backend(
+    backend: str, config: GateConfig, model_config, head_dim: int, weight: torch.Tensor
+) -> str:
+    """`"torch"` or `"triton"` for `backend` in `("auto", "torch", "triton")` on this model; `"triton"` that
+    cannot run raises `ValueError`."""
+    if backend == "torch":
         return "torch"
     reason = _unavailable_reason(config, model_config, head_dim, weight.dtype)
-    if config.backend == "triton" and reason is not None:
-        raise ValueError(f"GateConfig(backend='triton') cannot run here: {reason}. Fallback: backend='torch'")
-    return "triton" if reason is None and (config.backend == "triton" or weight.is_cuda) else "torch"
+    if backend == "triton" and reason is not None:
+        raise ValueError(f"backend='triton' cannot run here: {reason}. Fallback: backend='torch'")
+    return "triton" if reason is None and (backend == "triton" or weight.is_cuda) else "torch"
 
 
 def register_attention_implementation() -> None:
@@ -73,12 +76,12 @@ def fused_attention_forward(
     **kwargs,
 ):
     """Attention function of patched models: query (B, H, L, D), key/value (B, KV, S, D) -> (B, L, H, D)."""
-    from .kernels import gated_flash_attention
+    from . import gated_flash_attention
 
     if dropout > 0:
         raise ValueError(
             f"the fused Triton attention has no attention dropout (got p={dropout}); set the model's "
-            "attention dropout to 0 or patch with GateConfig(backend='torch')"
+            "attention dropout to 0 or patch with backend='torch'"
         )
     block_patch = BLOCK_PATCHES.get(module)
     logits, keep, scale = (None, None, 1.0) if block_patch is None else block_patch.take_gate_logits()
@@ -98,7 +101,7 @@ def fused_attention_forward(
 
 def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float, keep) -> torch.Tensor:
     """`values: (..., G*D)` times `scale * sigmoid(logits: (..., G, w)) * keep` in one fused kernel."""
-    from .kernels import sigmoid_gate_multiply
+    from . import sigmoid_gate_multiply
 
     heads = values.unflatten(-1, (logits.shape[-2], -1))  # (..., G, D)
     return sigmoid_gate_multiply(heads, logits, scale, keep).flatten(-2)

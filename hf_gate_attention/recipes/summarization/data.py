@@ -32,6 +32,8 @@ from typing import Any
 import datasets
 import torch
 
+from ...offline import offline_mode
+
 logger = logging.getLogger(__name__)
 
 ACLSUM_INSTALL = "pip install --no-deps aclsum==0.1.2"
@@ -258,13 +260,6 @@ def _split_single_file(ds: datasets.Dataset, splits: list[str], eval_fraction: f
     return out
 
 
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-    return env or bool(constants.HF_HUB_OFFLINE)
-
-
 def _load_hub(dataset_id: str, load_kwargs: dict) -> datasets.DatasetDict:
     hint = (
         f"Cannot load Hub dataset {dataset_id!r}: {{why}}. Use the offline default source='aclsum' "
@@ -274,7 +269,7 @@ def _load_hub(dataset_id: str, load_kwargs: dict) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(dataset_id, **load_kwargs)
     except (ConnectionError, TimeoutError) as err:
-        if _hub_offline():
+        if offline_mode():
             why = "offline mode is on (HF_HUB_OFFLINE=1) and it is not in the local cache"
         else:
             why = f"the Hugging Face Hub is unreachable ({err})"

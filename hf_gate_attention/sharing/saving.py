@@ -1,9 +1,9 @@
 """`save_pretrained` for patched models: the usual folder plus the code that loads it without this package.
 
-The folder gets `modeling_gated_attention.py` and copies of the torch-only gate runtime (`config.py`,
-`families.py`, `gate.py`, `hooks.py`, renamed `gated_attention_*.py`); `config.json` gets an `auto_map`, so
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of the task head)
-builds transformers' own model class and adds the same gates with the same hooks.
+The folder gets `modeling_gated_attention.py` and copies of the torch-only gate runtime (`core/config.py`,
+`core/families.py`, `core/gate.py`, `core/hooks.py`, renamed `gated_attention_*.py`); `config.json` gets an
+`auto_map`, so `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of
+the task head) builds transformers' own model class and adds the same gates with the same hooks.
 """
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ import transformers
 from torch import nn
 from transformers.models.auto import modeling_auto
 
-from .atomic import atomic_write_text
-from .families import AttentionFamily, family_for
-from .hooks import unwrap_model
+from ..core.families import AttentionFamily, family_for
+from ..core.hooks import unwrap_model
+from ..files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
 ENTRY_MODULE = "modeling_gated_attention"
 RUNTIME_MODULES = ("config", "families", "gate", "hooks")  # copied verbatim, imports renamed
 RUNTIME_PREFIX = "gated_attention_"
-_PACKAGE_DIR = Path(__file__).parent
+_CORE_DIR = Path(__file__).parents[1] / "core"
 
 ENTRY_TEMPLATE = '''"""Gated attention for this checkpoint (written by hf-gate-attention {version}).
 
 `{auto_class}.from_pretrained(<this folder or repo>, trust_remote_code=True)` builds transformers' own
 `{base_class}` and adds the gates described by `config.gate_attention` with the hooks of
-`gated_attention_hooks.py` (a copy of `hf_gate_attention/hooks.py`). Needs only torch and transformers.
+`gated_attention_hooks.py` (a copy of `hf_gate_attention/core/hooks.py`). Needs only torch and transformers.
 """
 
 import transformers
@@ -44,7 +44,7 @@ FAMILY = {family!r}
 
 
 def _add_gates(model):
-    config = GateConfig.from_dict(model.config.gate_attention)
+    config = GateConfig.from_saved(model.config.gate_attention)
     add_gates(model, config, FAMILY, attention_layout(model, config, FAMILY))
 '''
 
@@ -99,14 +99,14 @@ def runtime_files() -> dict[str, str]:
     pattern = re.compile(rf"^from \.({'|'.join(RUNTIME_MODULES)}) import", flags=re.MULTILINE)
     files = {}
     for module in RUNTIME_MODULES:
-        source = (_PACKAGE_DIR / f"{module}.py").read_text(encoding="utf-8")
+        source = (_CORE_DIR / f"{module}.py").read_text(encoding="utf-8")
         files[f"{RUNTIME_PREFIX}{module}.py"] = pattern.sub(rf"from .{RUNTIME_PREFIX}\1 import", source)
     return files
 
 
 def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
     """Source of `modeling_gated_attention.py`: a gated subclass of each transformers class in `classes`."""
-    from . import __version__
+    from .. import __version__
 
     first_auto, first_class = next(iter(classes.items()))
     source = ENTRY_TEMPLATE.format(

@@ -15,7 +15,8 @@ import datasets
 import torch
 from transformers import TrainerCallback
 
-from ..offline import resolve_model
+from ...files import atomic_write_json, atomic_write_text, read_json
+from ...offline import resolve_model
 from .config import RecipeConfig
 from .data import load_summarization_dataset
 from .evaluation import (
@@ -25,7 +26,7 @@ from .evaluation import (
     load_trained_model,
     predictions_jsonl,
 )
-from .files import atomic_write_json, atomic_write_text, check_run_dir, claim_run_dir, read_json
+from .files import check_run_dir, claim_run_dir
 from .plots import plot_loss_curves, plot_rouge, plot_speed
 from .report import csv_table, markdown_table, rouge_deltas, speed_ratios
 from .train import (

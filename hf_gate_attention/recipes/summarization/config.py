@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..config import GateConfig
+from ...core.config import GateConfig
 from .data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
 
 TRAIN_MODES = ("full", "gates", "gates+lora")

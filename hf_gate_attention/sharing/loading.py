@@ -1,4 +1,4 @@
-"""Load a gated checkpoint written by `save_pretrained` on a patched model."""
+"""Load a gated checkpoint written by `save_pretrained` on a patched model, on the backend chosen now."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import transformers
 from safetensors import safe_open
 from transformers.utils import cached_file
 
-from .config import GateConfig
-from .families import family_for
-from .patching import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, patch
+from ..core.config import GateConfig
+from ..core.families import family_for
+from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ..core.patching import patch
 
 _SINGLE_FILE = "model.safetensors"
 _INDEX_FILE = "model.safetensors.index.json"
 
 
-def _gate_tensors(path: str, **hub_kwargs) -> dict:
+def gate_tensors(path: str, **hub_kwargs) -> dict:
     """The `attn_gate` tensors of a checkpoint (single or sharded safetensors), by state_dict key."""
     index_file = cached_file(path, _INDEX_FILE, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
     if index_file is not None:
@@ -33,13 +34,15 @@ def _gate_tensors(path: str, **hub_kwargs) -> dict:
     return tensors
 
 
-def from_pretrained(path: str, model_class=None, **kwargs):
+def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwargs):
     """Rebuild a gated model saved with `save_pretrained` (local folder or Hub id).
 
     Args:
         path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry.
         model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
             defaults to the class named in `config.architectures`.
+        backend (`str`, *optional*, defaults to `"auto"`): what runs the gates here, as in `patch`; the
+            checkpoint only says what the gates compute (a `backend` saved by older versions is ignored).
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir") if k in kwargs}
@@ -65,9 +68,9 @@ def from_pretrained(path: str, model_class=None, **kwargs):
         model = model_class.from_pretrained(path, config=config, **kwargs)
     finally:
         transformers.logging.set_verbosity(verbosity)
-    patch(model, GateConfig.from_dict(gate_dict))
+    patch(model, GateConfig.from_saved(gate_dict), backend=backend)
 
-    _load_gate_tensors(model, _gate_tensors(path, **hub_kwargs), path)
+    _load_gate_tensors(model, gate_tensors(path, **hub_kwargs), path)
     return model
 
 

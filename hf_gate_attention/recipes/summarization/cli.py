@@ -1,6 +1,6 @@
 """Command line of the summarization recipe: `hf-gate-summarize --config FILE [--key value ...]`.
 
-Equivalent: `python -m hf_gate_attention.summarization ...` and, in a source checkout,
+Equivalent: `python -m hf_gate_attention.recipes.summarization ...` and, in a source checkout,
 `python -m recipes.summarization ...`. Runs unchanged under `torchrun` and `accelerate launch`.
 """
 

@@ -1,17 +1,16 @@
 """The verdicts on the source article's claims, and `REPRODUCTION.md` written from a comparison's results.
 
-python -m hf_gate_attention.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
+python -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from ..claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
-from .files import atomic_write_text
+from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
+from ...files import atomic_write_text, read_json
 from .report import markdown_table
 
 GPU_COMMAND = (
@@ -47,9 +46,11 @@ def _setup(config: dict, baseline: dict) -> str:
 def reproduction_report(results: str | Path, command: str) -> str:
     """Markdown: the claims, the setup, the measured tables and a verdict per claim and gated run."""
     results = Path(results)
-    comparison = json.loads((results / "comparison.json").read_text(encoding="utf-8"))
+    comparison = read_json(results / "comparison.json")
+    if comparison is None:
+        raise FileNotFoundError(f"{results} holds no comparison.json: run the summarization recipe first")
     config, rows = comparison["config"], comparison["runs"]
-    metrics = {row["run"]: json.loads((results / row["run"] / "metrics.json").read_text()) for row in rows}
+    metrics = {row["run"]: read_json(results / row["run"] / "metrics.json") for row in rows}
     baseline = next((m for m in metrics.values() if m["gate"] is None), None)
     if baseline is None:
         raise ValueError(f"{results} has no baseline run (gate: null); the claims compare against one")
@@ -128,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", help="results folder of the comparison, e.g. results/reproduce")
     parser.add_argument("--out", default="results/REPRODUCTION.md", help="Markdown file to write")
     args = parser.parse_args(argv)
-    command = f"python -m hf_gate_attention.summarization.reproduction {args.results} --out {args.out}"
+    command = (
+        f"python -m hf_gate_attention.recipes.summarization.reproduction {args.results} --out {args.out}"
+    )
     try:
         atomic_write_text(Path(args.out), reproduction_report(args.results, command))
     except (OSError, ValueError, KeyError) as error:

@@ -8,7 +8,7 @@ modules currently at the family's paths, so wrapping projections later (PEFT LoR
 the whole wrapped layer.
 
 This module needs only torch: with `config.py`, `families.py` and `gate.py` it is also copied into saved
-checkpoints as the code that `trust_remote_code=True` runs (see `remote_code.py`).
+checkpoints as the code that `trust_remote_code=True` runs (see `sharing/saving.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Results folder of a comparison: atomic writes and the "does this folder hold a different run?" check.
+"""Results folder of a comparison: the "does this folder hold a different run?" check.
 
 Layout of `<output_dir>/<name>/`:
 
@@ -15,25 +15,12 @@ Layout of `<output_dir>/<name>/`:
 
 from __future__ import annotations
 
-import json
 import shutil
-from pathlib import Path
-from typing import Any
 
-from ..atomic import atomic_write_text
+from ...files import atomic_write_json, read_json
 from .config import RESUMABLE_KEYS, RecipeConfig, identity_differences
 
 CONFIG_FILE = "config.json"
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    """The JSON in `path`, or `None` when the file does not exist."""
-    path = Path(path)
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def check_run_dir(config: RecipeConfig) -> None:

@@ -1,0 +1,158 @@
+"""`patch` / `unpatch`: add gates to the self-attention blocks of one model instance, reversibly.
+
+The hooks themselves live in `hooks.py`; this module picks the family and the backend (what runs the gate:
+the torch path here, or the fused kernels of `hf_gate_attention.kernels`), and restores the model on
+`unpatch`. The backend is a property of this patched instance, never of the saved checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from types import MethodType
+
+from torch import nn
+
+from .config import GateConfig
+from .families import family_for
+from .gate import AttentionGate
+from .hooks import (
+    CONFIG_ATTRIBUTE,
+    GATE_MODULE_NAME,
+    PATCHES_ATTRIBUTE,
+    add_gates,
+    attention_layout,
+    unwrap_model,
+)
+
+BACKENDS = ("auto", "torch", "triton")
+_BACKEND_ATTRIBUTE = "_gate_attention_backend"
+_PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
+
+
+def _save_pretrained(model, *args, **kwargs):
+    """transformers' `save_pretrained` plus the gate code for `trust_remote_code` (`sharing.saving`)."""
+    from ..sharing.saving import save_pretrained
+
+    return save_pretrained(model, *args, **kwargs)
+
+
+def _push_to_hub(model, *args, **kwargs):
+    """Push with a model card (`sharing.hub.push_to_hub`)."""
+    from ..sharing.hub import push_to_hub
+
+    return push_to_hub(model, *args, **kwargs)
+
+
+# instance methods replaced on a patched model (removed by unpatch); sharing is imported on first call
+_INSTANCE_METHODS = {"save_pretrained": _save_pretrained, "push_to_hub": _push_to_hub}
+
+
+def patch(
+    model: nn.Module,
+    config: GateConfig | None = None,
+    *,
+    backend: str = "auto",
+    train_gates_only: bool = False,
+    **overrides,
+) -> nn.Module:
+    """Add a gate to the self-attention blocks of `model`, in place; returns `model`.
+
+    Args:
+        model: a transformers model (bare, with a task head, or wrapped by PEFT) whose `config.model_type` is
+            registered (see `supported_model_types`).
+        config: the gate to add; defaults to `GateConfig()`. `overrides` (e.g. `variant="qk"`) replace fields.
+        backend (`str`, *optional*, defaults to `"auto"`): what runs the gates. `"torch"`: the readable
+            reference path. `"triton"`: our fused kernels (flash attention with the gate in its epilogue for
+            `output`/`qk`, a fused sigmoid-gate-multiply for `value`); needs Triton and CUDA (or
+            `TRITON_INTERPRET=1`). `"auto"`: `"triton"` when the model is on a CUDA device and the kernels
+            support it, else `"torch"`. Not saved with the model: choose it again when loading.
+        train_gates_only: freeze every parameter except the new gates.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not valid; accepted values: {', '.join(BACKENDS)}")
+    config = (config or GateConfig()).replace(**overrides) if overrides else (config or GateConfig())
+    base = unwrap_model(model)
+    if is_patched(base):
+        raise ValueError("this model is already patched with gated attention; call unpatch(model) first")
+    family = family_for(base.config.model_type)
+    layout = attention_layout(base, config, family)
+    resolved, fused = "torch", None
+    if backend != "torch":
+        from ..kernels import dispatch
+
+        first_block, first_geometry = next(iter(layout.values()))
+        query_weight = first_block.get_submodule(family.query).weight
+        resolved = dispatch.resolve_backend(
+            backend, config, base.config, first_geometry["head_dim"], query_weight
+        )
+        fused = dispatch if resolved == "triton" else None
+    add_gates(base, config, family, layout, fused)
+    setattr(base, _BACKEND_ATTRIBUTE, resolved)
+    for name, method in _INSTANCE_METHODS.items():
+        setattr(base, name, MethodType(method, base))
+    if fused is not None and config.variant != "value":
+        fused.register_attention_implementation()
+        setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
+        base.set_attn_implementation(fused.ATTN_IMPLEMENTATION)
+    if train_gates_only:
+        freeze_all_but_gates(model)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Remove every gate and hook added by `patch`: module structure, state_dict and outputs are restored."""
+    base = unwrap_model(model)
+    if not is_patched(base):
+        raise ValueError("this model is not patched with gated attention")
+    for block_patch in getattr(base, PATCHES_ATTRIBUTE):
+        block_patch.remove()
+        delattr(block_patch.block, GATE_MODULE_NAME)
+    delattr(base, PATCHES_ATTRIBUTE)
+    delattr(base, _BACKEND_ATTRIBUTE)
+    for name in _INSTANCE_METHODS:
+        base.__dict__.pop(name, None)
+    if hasattr(base, _PREVIOUS_ATTN_ATTRIBUTE):
+        base.set_attn_implementation(getattr(base, _PREVIOUS_ATTN_ATTRIBUTE))
+        delattr(base, _PREVIOUS_ATTN_ATTRIBUTE)
+    if hasattr(base.config, CONFIG_ATTRIBUTE):
+        delattr(base.config, CONFIG_ATTRIBUTE)
+    return model
+
+
+def is_patched(model: nn.Module) -> bool:
+    return hasattr(unwrap_model(model), PATCHES_ATTRIBUTE)
+
+
+def _require_patched(model: nn.Module) -> nn.Module:
+    if not is_patched(model):
+        raise ValueError("this model is not patched with gated attention")
+    return unwrap_model(model)
+
+
+def gate_config_of(model: nn.Module) -> GateConfig:
+    """The `GateConfig` a patched model was patched with."""
+    return GateConfig.from_dict(getattr(_require_patched(model).config, CONFIG_ATTRIBUTE))
+
+
+def gate_backend_of(model: nn.Module) -> str:
+    """What runs the gates of a patched model: `"torch"` or `"triton"` (`"auto"` resolved)."""
+    return getattr(_require_patched(model), _BACKEND_ATTRIBUTE)
+
+
+def gate_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
+    """The parameters added by `patch` (also the trainable copies PEFT makes with `modules_to_save`)."""
+    seen = set()
+    for module in model.modules():
+        if isinstance(module, AttentionGate):
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield param
+
+
+def freeze_all_but_gates(model: nn.Module, also: Iterable[nn.Parameter] = ()) -> nn.Module:
+    """Make the gates (and the parameters in `also`) the only trainable parameters of `model`."""
+    model.requires_grad_(False)
+    for param in (*gate_parameters(model), *also):
+        param.requires_grad_(True)
+    return model

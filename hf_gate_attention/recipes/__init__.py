@@ -1,0 +1,33 @@
+"""Library code of the recipes (in the repository, `python -m recipes.<name> --config ...` runs them).
+
+The recipes need more than the core: the `[recipes]` extra (`pip install 'hf-gate-attention[recipes]'`).
+Importing this package without it raises an `ImportError` that names the missing modules and the extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# import name -> distribution of the `[recipes]` extra
+RECIPE_REQUIREMENTS = {
+    "accelerate": "accelerate",
+    "datasets": "datasets",
+    "evaluate": "evaluate",
+    "rouge_score": "rouge-score",
+    "matplotlib": "matplotlib",
+    "psutil": "psutil",
+    "yaml": "pyyaml",
+}
+
+
+def missing_requirements() -> list[str]:
+    """The distributions of the `[recipes]` extra that cannot be imported here."""
+    return [dist for module, dist in RECIPE_REQUIREMENTS.items() if importlib.util.find_spec(module) is None]
+
+
+_missing = missing_requirements()
+if _missing:
+    raise ImportError(
+        f"the hf-gate-attention recipes need the [recipes] extra; missing: {', '.join(_missing)}. "
+        "Install it with: pip install 'hf-gate-attention[recipes]'"
+    )

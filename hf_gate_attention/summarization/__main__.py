@@ -1,7 +1,0 @@
-"""`python -m hf_gate_attention.summarization --config <file> [--key value ...]`."""
-
-import sys
-
-from .cli import main
-
-sys.exit(main())

@@ -1,0 +1,128 @@
+"""The package's rooms and the direction of their imports (see the README's architecture section).
+
+Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with the small shared
+helpers (`files`, `formatting`, `claims`, `offline`) usable from any room above the core. `core` imports only
+torch, transformers and itself at module level; it reaches the kernels and the sharing code only inside
+functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on patched instances).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_gate_attention"
+# room -> the rooms its module-level imports may reach
+ALLOWED = {
+    "core": {"core"},
+    "kernels": {"kernels", "core"},
+    "helpers": {"helpers"},
+    "sharing": {"sharing", "kernels", "core", "helpers"},
+    "recipes": {"recipes", "sharing", "kernels", "core", "helpers"},
+    "top": {"top", "recipes", "sharing", "kernels", "core", "helpers"},
+}
+HELPERS = {"files", "formatting", "claims", "offline"}
+
+
+def _room(module: str) -> str:
+    """`hf_gate_attention.sharing.card` -> `sharing`; the package root, `cli`, `demo` -> `top`."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] in ("cli", "demo", "__main__"):
+        return "top"
+    return "helpers" if parts[0] in HELPERS else parts[0]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The hf_gate_attention modules that `path` imports at module level (relative imports resolved)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base]) if base else ".".join(anchor)
+            found.add(base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m == "hf_gate_attention" or m.startswith("hf_gate_attention.")}
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "rouge_metric" not in p.parts)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_level_imports_flow_one_way(path):
+    room = _room(_module_name(path))
+    for imported in module_level_imports(path):
+        assert _room(imported) in ALLOWED[room], f"{_module_name(path)} ({room}) imports {imported}"
+
+
+def test_every_room_says_what_it_is_for():
+    for path in MODULES:
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        assert docstring, f"{path.relative_to(PACKAGE)} has no module docstring"
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+BLOCK_RECIPE_STACK = """
+import sys
+# pyyaml, also in the [recipes] extra, stays: huggingface_hub (a transformers dependency) needs it
+for name in ("accelerate", "datasets", "evaluate", "rouge_score", "matplotlib", "psutil"):
+    sys.modules[name] = None  # `import name` raises ImportError, find_spec(name) is None: not installed
+"""
+
+
+def test_the_core_works_without_the_recipe_stack_and_loads_nothing_else():
+    done = _python(
+        BLOCK_RECIPE_STACK
+        + """
+import torch, transformers
+import hf_gate_attention
+config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=20, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+model = hf_gate_attention.patch(transformers.LlamaForCausalLM(config), variant="qk")
+model(torch.tensor([[1, 2, 3]]))
+hf_gate_attention.unpatch(model)
+ours = sorted(m for m in sys.modules if m.startswith("hf_gate_attention."))
+print(ours)
+# backend="auto" asks the kernels' dispatch whether they can run; nothing of sharing or the recipes loads
+assert all(m.startswith(("hf_gate_attention.core", "hf_gate_attention.kernels")) for m in ours), ours
+"""
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_recipe_without_its_extra_names_the_extra():
+    done = _python(BLOCK_RECIPE_STACK + "import hf_gate_attention.recipes.summarization\n")
+    assert done.returncode != 0
+    assert (
+        "ImportError: the hf-gate-attention recipes need the [recipes] extra; missing: accelerate"
+        in done.stderr
+    )
+    assert "pip install 'hf-gate-attention[recipes]'" in done.stderr
+
+
+def test_sharing_names_are_imported_on_first_use():
+    done = _python(
+        "import sys, hf_gate_attention as h\n"
+        "assert 'hf_gate_attention.sharing.hub' not in sys.modules\n"
+        "assert h.push_to_hub.__module__ == 'hf_gate_attention.sharing.hub'\n"
+        "assert set(h.__all__) <= set(dir(h))\n"
+        "try:\n    h.no_such_name\nexcept AttributeError as e:\n    print(e)\n"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "has no attribute 'no_such_name'" in done.stdout

@@ -175,13 +175,17 @@ def test_checkpoint_reloads_with_the_same_outputs_as_an_unsharded_model(fsdp_run
     torch.testing.assert_close(got, fsdp_logits, msg=lambda m: f"reloaded vs sharded model logits: {m}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: hf_gate_attention/remote_code.py remote_classes() tests type(model).__name__ against "
-    "transformers, but fully_shard swaps the class for FSDPLlamaForCausalLM, so save_pretrained writes "
-    "no auto_map and no modeling_gated_attention.py under FSDP2",
-)
 def test_checkpoint_also_loads_with_trust_remote_code(fsdp_run):
+    """`fully_shard` renames the class (`FSDPLlamaForCausalLM`): the remote code still names transformers'."""
     folder = fsdp_run["out"] / "model"
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" in config and (folder / "modeling_gated_attention.py").is_file()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, trust_remote_code=True, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    assert type(loaded).__name__ == "LlamaForCausalLM"
+    # the remote code's own AttentionGate class, not ours: count the gate tensors by name
+    assert sorted(n for n, _ in loaded.named_parameters() if ".attn_gate." in n) == GATE_KEYS
+    with torch.no_grad():
+        got = loaded(input_ids=eval_inputs()).logits
+    torch.testing.assert_close(got, torch.load(fsdp_run["out"] / "fsdp_logits.pt"))

@@ -78,6 +78,15 @@ def auto_classes(model_type: str, class_name: str) -> list[str]:
     return sorted(names)
 
 
+def transformers_class(model: nn.Module) -> type | None:
+    """The transformers class of `model`: its own class, or the one a wrapper subclassed (FSDP2's
+    `fully_shard` turns `LlamaForCausalLM` into `FSDPLlamaForCausalLM`); `None` for other classes."""
+    for cls in type(model).__mro__:
+        if getattr(transformers, cls.__name__, None) is cls:
+            return None if cls.__name__ in ("PreTrainedModel", "GenerationMixin") else cls
+    return None
+
+
 def remote_classes(model: nn.Module) -> dict[str, str]:
     """Auto class name -> transformers class name for the saved class and its base model class.
 
@@ -85,10 +94,11 @@ def remote_classes(model: nn.Module) -> dict[str, str]:
     unavailable and only `hf_gate_attention.from_pretrained` loads the checkpoint).
     """
     model_type = model.config.model_type
-    if getattr(transformers, type(model).__name__, None) is not type(model):
+    cls = transformers_class(model)
+    if cls is None:
         return {}
     classes = {}
-    for class_name in (type(model).__name__, modeling_auto.MODEL_MAPPING_NAMES.get(model_type)):
+    for class_name in (cls.__name__, modeling_auto.MODEL_MAPPING_NAMES.get(model_type)):
         for auto_name in auto_classes(model_type, class_name):
             classes.setdefault(auto_name, class_name)
     return classes

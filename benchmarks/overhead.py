@@ -56,6 +56,7 @@ import torch
 import transformers
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
+from hf_gate_attention.memory import peak_growth_mib
 from hf_gate_attention.offline import resolve_model
 
 CASES = {
@@ -128,18 +129,11 @@ class Bench:
         """Peak RSS growth (MiB) of one call, after a warm-up call of the same configuration."""
         self.set_gates(gate)
         self.run(phase)
-        Path("/proc/self/clear_refs").write_text("5")
-        before = proc_status_mib("VmRSS")
-        self.run(phase)
-        return proc_status_mib("VmHWM") - before
+        return peak_growth_mib(lambda: self.run(phase))
 
 
 def load_model(path: str):
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-
-
-def proc_status_mib(field: str) -> float:
-    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
 def time_cases(bench: Bench, phases: list[str], cases: list[str], repeats: int) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .core.config import GateConfig
+from .core.hooks import GATE_MODULE_NAME
 
 PROG = "hf-gate-attention"
 # Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
@@ -112,7 +113,7 @@ def gate_statistics(folder: str | Path) -> dict:
     gate = checkpoint["gate"]
     layers = {}
     for key, tensor in sorted(gate_tensors(str(folder)).items()):
-        block, name = key.split(".attn_gate.")
+        block, name = key.split(f".{GATE_MODULE_NAME}.")
         values = tensor.float()
         entry = layers.setdefault(block, {})
         entry[f"{name}_shape"] = list(values.shape)

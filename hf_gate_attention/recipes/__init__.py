@@ -15,7 +15,6 @@ RECIPE_REQUIREMENTS = {
     "evaluate": "evaluate",
     "rouge_score": "rouge-score",
     "matplotlib": "matplotlib",
-    "psutil": "psutil",
     "yaml": "pyyaml",
 }
 

@@ -10,27 +10,23 @@ of a shared machine hits them all alike.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import json
 import logging
 import re
 import statistics
-import threading
 import time
 
 import datasets
 import numpy as np
-import psutil
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from ...memory import peak_growth_mib
 from ...sharing.loading import from_pretrained as load_gated
 from .config import RecipeConfig, RunSpec
 from .data import DataCollatorForSummarization, build_prompt
-from .rouge import ROUGE_TYPES, bootstrap_ci, load_rouge_metric
+from .rouge import per_example_rouge, summarize_rouge
 from .train import import_peft, load_pretrained
 
 logger = logging.getLogger(__name__)
@@ -110,23 +106,16 @@ def sentences_per_line(text: str) -> str:
 def rouge_with_ci(
     predictions: list[str], references: list[str], n_bootstrap: int, confidence: float, seed: int
 ) -> tuple[dict, dict]:
-    """ROUGE x100 through the bundled `evaluate` module (rouge-score backend) with percentile bootstrap CIs.
+    """ROUGE x100 (`per_example_rouge`) of the texts put one sentence per line, with bootstrap CIs.
 
     Returns:
         `({type: {"mean", "low", "high"}}, {type: [per-example scores]})` for the types in `ROUGE_TYPES`.
     """
-    metric = load_rouge_metric()
-    per_example = metric.compute(
-        predictions=[sentences_per_line(p) for p in predictions],
-        references=[sentences_per_line(r) for r in references],
-        use_aggregator=False,
+    per_example = per_example_rouge(
+        [sentences_per_line(p) for p in predictions], [sentences_per_line(r) for r in references]
     )
-    scores = {t: (100.0 * np.asarray(per_example[t])).tolist() for t in ROUGE_TYPES}
-    summary = {}
-    for rouge_type, values in scores.items():
-        low, high = bootstrap_ci(values, n_bootstrap, confidence, seed)
-        summary[rouge_type] = {"mean": float(np.mean(values)), "low": low, "high": high}
-    return summary, scores
+    scores = {t: values.tolist() for t, values in per_example.items()}
+    return summarize_rouge(scores, n_bootstrap, confidence, seed), scores
 
 
 def evaluate_quality(
@@ -191,45 +180,16 @@ def _time_round(model, prompts: list[torch.Tensor], new_tokens: int) -> dict:
     }
 
 
-def _release_free_memory() -> None:
-    """Give freed heap memory back to the OS, so that the next RSS peak measures new allocations."""
-    gc.collect()
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if hasattr(libc, "malloc_trim"):  # glibc
-        libc.malloc_trim(0)
-
-
 def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
-    """Peak memory while summarizing one prompt, in MiB: weights + activations + KV cache.
-
-    CUDA: the allocator's peak. CPU: the weights' bytes plus the peak rise of the process RSS (sampled every
-    millisecond) above its level before the call, an approximation.
-    """
-    device = input_ids.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        _summarize_one(model, input_ids, new_tokens)
-        return torch.cuda.max_memory_allocated(device) / 2**20
+    """Peak memory while summarizing one prompt, in MiB: the weights' bytes plus the peak growth of one
+    call (activations, KV cache; `hf_gate_attention.memory`) after a warm-up call."""
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    _release_free_memory()
-    process = psutil.Process()
-    before = peak = process.memory_info().rss
-    done = threading.Event()
 
-    def sample():
-        nonlocal peak
-        while not done.wait(0.001):
-            peak = max(peak, process.memory_info().rss)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    def summarize():
         _summarize_one(model, input_ids, new_tokens)
-    finally:
-        done.set()
-        sampler.join()
-    return (weights + max(peak, process.memory_info().rss) - before) / 2**20
+
+    summarize()  # warm-up: later calls reuse its freed heap blocks
+    return weights / 2**20 + peak_growth_mib(summarize, input_ids.device)
 
 
 def interleaved_speed(

@@ -1,28 +1,30 @@
-"""ROUGE with bootstrap confidence intervals, for "gated vs baseline" verdicts on summarization.
+"""ROUGE with bootstrap confidence intervals, for "gated vs baseline" verdicts on summarization: the one
+ROUGE path of the project.
 
-Per-example F-measures are computed once with `rouge-score` (same settings as the `evaluate` module in
-`rouge_metric/`), then examples are resampled with replacement. rougeLsum splits texts into sentences
-on newlines: put one sentence per line beforehand, otherwise rougeLsum == rougeL.
+Per-example F-measures are computed once through the bundled `evaluate` module (`rouge_metric/`, the
+`rouge-score` package underneath, no Hub access), then examples are resampled with replacement. rougeLsum
+splits texts into sentences on newlines: put one sentence per line beforehand, otherwise rougeLsum == rougeL.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from rouge_score import rouge_scorer
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 # Folder of the offline `evaluate` metric module: `evaluate.load(ROUGE_METRIC_PATH)`.
 ROUGE_METRIC_PATH = str(Path(__file__).resolve().parent / "rouge_metric")
 
 
-def load_rouge_metric(**kwargs):
-    """`evaluate.load` of the bundled ROUGE module (no Hub access); scores in [0, 1]."""
+@functools.cache
+def load_rouge_metric():
+    """`evaluate.load` of the bundled ROUGE module (no Hub access, loaded once); scores in [0, 1]."""
     import evaluate
 
-    return evaluate.load(ROUGE_METRIC_PATH, **kwargs)
+    return evaluate.load(ROUGE_METRIC_PATH)
 
 
 def _check_texts(predictions: Sequence[str], references: Sequence[str]) -> None:
@@ -43,9 +45,14 @@ def per_example_rouge(
 ) -> dict[str, np.ndarray]:
     """Per-example ROUGE F-measures x100: rouge type -> float array of shape `(n_examples,)`."""
     _check_texts(predictions, references)
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
-    scores = [scorer.score(ref, pred) for ref, pred in zip(references, predictions, strict=True)]
-    return {t: 100.0 * np.array([s[t].fmeasure for s in scores]) for t in ROUGE_TYPES}
+    scores = load_rouge_metric().compute(
+        predictions=list(predictions),
+        references=list(references),
+        rouge_types=list(ROUGE_TYPES),
+        use_stemmer=use_stemmer,
+        use_aggregator=False,
+    )
+    return {t: 100.0 * np.asarray(scores[t], dtype=np.float64) for t in ROUGE_TYPES}
 
 
 def _as_scores(scores: Sequence[float], name: str = "scores") -> np.ndarray:
@@ -96,10 +103,19 @@ def compute_rouge(
         where `(low, high)` is the percentile bootstrap interval at `confidence` (same resamples, from
         `seed`, for every type).
     """
+    return summarize_rouge(
+        per_example_rouge(predictions, references, use_stemmer), n_bootstrap, confidence, seed
+    )
+
+
+def summarize_rouge(
+    per_example: dict[str, Sequence[float]], n_bootstrap: int, confidence: float, seed: int
+) -> dict[str, dict[str, float]]:
+    """`{type: {"mean", "low", "high"}}` of per-example scores (`per_example_rouge`), as `compute_rouge`."""
     out = {}
-    for rouge_type, scores in per_example_rouge(predictions, references, use_stemmer).items():
+    for rouge_type, scores in per_example.items():
         low, high = bootstrap_ci(scores, n_bootstrap, confidence, seed)
-        out[rouge_type] = {"mean": float(scores.mean()), "low": low, "high": high}
+        out[rouge_type] = {"mean": float(np.mean(scores)), "low": low, "high": high}
     return out
 
 

@@ -19,7 +19,8 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from ...core.patching import gate_parameters, patch
+from ...core.hooks import GATE_MODULE_NAME
+from ...core.patching import freeze_all_but_gates, gate_parameters, patch
 from ...files import atomic_write_json, read_json
 from .config import RecipeConfig, RunSpec
 from .data import DataCollatorForSummarization, build_example
@@ -65,9 +66,7 @@ def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):
     model = load_pretrained(config, model_path, run)
     set_seed(config.seed)  # the same LoRA initialisation for every run, whatever patching drew
     if config.train == "gates":
-        model.requires_grad_(False)
-        for param in gate_parameters(model):
-            param.requires_grad_(True)
+        freeze_all_but_gates(model)
     elif config.train == "gates+lora":
         peft = import_peft()
         lora = peft.LoraConfig(
@@ -75,7 +74,7 @@ def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):
             lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout,
             target_modules=list(config.lora_target_modules),
-            modules_to_save=["attn_gate"] if run.gate is not None else None,
+            modules_to_save=[GATE_MODULE_NAME] if run.gate is not None else None,
             task_type="CAUSAL_LM",
         )
         model = peft.get_peft_model(model, lora)

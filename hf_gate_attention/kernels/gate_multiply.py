@@ -63,6 +63,20 @@ def gate_tile(
 
 
 @triton.jit
+def _values_tile(X, stride_xn, stride_xg, rows_total, G, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's rows `r = n * G + g (BLOCK_R,)`, their masks and the values tile `x (BLOCK_R, BLOCK_D)`
+    (in the values' dtype) of `X` seen as `(N, G, D)`."""
+    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) index of (n, g)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = row < rows_total
+    dim_ok = offs_d < D
+    tile_ok = row_ok[:, None] & dim_ok[None, :]
+    x_offset = (row // G) * stride_xn + (row % G) * stride_xg
+    x = tl.load(X + x_offset[:, None] + offs_d[None, :], mask=tile_ok, other=0.0)
+    return row, offs_d, row_ok, dim_ok, tile_ok, x
+
+
+@triton.jit
 def _gate_multiply_fwd_kernel(
     X,
     Z,
@@ -79,13 +93,9 @@ def _gate_multiply_fwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) index of (n, g)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = row < rows_total
-    dim_ok = offs_d < D
-    tile_ok = row_ok[:, None] & dim_ok[None, :]
-    x_offset = (row // G) * stride_xn + (row % G) * stride_xg
-    x = tl.load(X + x_offset[:, None] + offs_d[None, :], mask=tile_ok, other=0.0)  # (BLOCK_R, BLOCK_D)
+    row, offs_d, row_ok, dim_ok, tile_ok, x = _values_tile(
+        X, stride_xn, stride_xg, rows_total, G, D, BLOCK_R, BLOCK_D
+    )
     gate = gate_tile(Z, KEEP, row, offs_d, row_ok, dim_ok, D, gate_scale, True, HAS_KEEP, ELEMENTWISE)
     out = x.to(tl.float32) * gate
     tl.store(OUT + row[:, None] * D + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=tile_ok)
@@ -110,13 +120,10 @@ def _gate_multiply_bwd_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) index of (n, g)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = row < rows_total
-    dim_ok = offs_d < D
-    tile_ok = row_ok[:, None] & dim_ok[None, :]
-    x_offset = (row // G) * stride_xn + (row % G) * stride_xg
-    x = tl.load(X + x_offset[:, None] + offs_d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    row, offs_d, row_ok, dim_ok, tile_ok, x = _values_tile(
+        X, stride_xn, stride_xg, rows_total, G, D, BLOCK_R, BLOCK_D
+    )
+    x = x.to(tl.float32)
     dout = tl.load(DOUT + row[:, None] * D + offs_d[None, :], mask=tile_ok, other=0.0).to(tl.float32)
     z = gate_logits_tile(Z, row, offs_d, row_ok, dim_ok, D, ELEMENTWISE)
     if not ELEMENTWISE:
@@ -139,27 +146,31 @@ def _rows_view(values: torch.Tensor) -> torch.Tensor:
     return values.reshape(-1, *values.shape[-2:])
 
 
-def _launch_geometry(rows_total: int, head_dim: int) -> tuple[tuple[int], int, int]:
+def _launch(values: torch.Tensor, gate_logits: torch.Tensor, keep: torch.Tensor | None):
+    """Operands in kernel layout, the grid and the arguments shared by both kernels' launches."""
+    x = _rows_view(values)  # (N, G, D)
+    rows_total, head_dim = x.shape[0] * x.shape[1], x.shape[2]
+    z = gate_logits.contiguous()
+    keep_ = keep.contiguous() if keep is not None else z  # z: an unread placeholder
     block_d = triton.next_power_of_2(head_dim)
     block_r = max(16, _BLOCK_ELEMENTS // block_d)
-    return (triton.cdiv(rows_total, block_r),), block_r, block_d
+    sizes = (x.stride(0), x.stride(1), rows_total, x.shape[1], head_dim)
+    flags = {
+        "HAS_KEEP": keep is not None,
+        "ELEMENTWISE": z.shape[-1] != 1,
+        "BLOCK_R": block_r,
+        "BLOCK_D": block_d,
+    }
+    return x, z, keep_, (triton.cdiv(rows_total, block_r),), sizes, flags
 
 
 def gate_multiply_forward(
     values: torch.Tensor, gate_logits: torch.Tensor, keep: torch.Tensor | None, gate_scale: float
 ) -> torch.Tensor:
     """`values (*, G, D) * gate_scale * sigmoid(gate_logits (*, G, w)) * keep (*, G)` in the values' dtype."""
-    x = _rows_view(values)  # (N, G, D)
-    rows_total, head_dim = x.shape[0] * x.shape[1], x.shape[2]
-    z = gate_logits.contiguous()
-    has_keep = keep is not None
-    keep = keep.contiguous() if has_keep else z  # z: an unread placeholder
+    x, z, keep, grid, sizes, flags = _launch(values, gate_logits, keep)
     out = torch.empty(values.shape, dtype=values.dtype, device=values.device)
-    grid, block_r, block_d = _launch_geometry(rows_total, head_dim)
-    _gate_multiply_fwd_kernel[grid](
-        x, z, keep, out, x.stride(0), x.stride(1), rows_total, x.shape[1], head_dim, gate_scale,
-        HAS_KEEP=has_keep, ELEMENTWISE=z.shape[-1] != 1, BLOCK_R=block_r, BLOCK_D=block_d,
-    )  # fmt: skip
+    _gate_multiply_fwd_kernel[grid](x, z, keep, out, *sizes, gate_scale, **flags)
     return out
 
 
@@ -171,18 +182,10 @@ def gate_multiply_backward(
     gate_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients `(d values, d gate_logits)` of `gate_multiply_forward` given `grad_out (*, G, D)`."""
-    x = _rows_view(values)  # (N, G, D)
-    rows_total, head_dim = x.shape[0] * x.shape[1], x.shape[2]
-    z = gate_logits.contiguous()
-    has_keep = keep is not None
-    keep = keep.contiguous() if has_keep else z  # z: an unread placeholder
-    grad_out = grad_out.contiguous()
+    x, z, keep, grid, sizes, flags = _launch(values, gate_logits, keep)
     grad_values = torch.empty(values.shape, dtype=values.dtype, device=values.device)
     grad_logits = torch.empty(z.shape, dtype=z.dtype, device=z.device)
-    grid, block_r, block_d = _launch_geometry(rows_total, head_dim)
     _gate_multiply_bwd_kernel[grid](
-        grad_out, x, z, keep, grad_values, grad_logits, x.stride(0), x.stride(1), rows_total, x.shape[1],
-        head_dim, gate_scale, HAS_KEEP=has_keep, ELEMENTWISE=z.shape[-1] != 1, BLOCK_R=block_r,
-        BLOCK_D=block_d,
-    )  # fmt: skip
+        grad_out.contiguous(), x, z, keep, grad_values, grad_logits, *sizes, gate_scale, **flags
+    )
     return grad_values, grad_logits

@@ -76,6 +76,39 @@ def _key_range(start_m, L, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUS
 
 
 @triton.jit
+def _query_tile(H, L, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The (query block, batch x head) tile of this program: `start_m`, `bh`, `b`, `h`, the query positions
+    `rows (BLOCK_M,)` and their masks, and `column`/`gate_row`, which locate row i of head h in the
+    `(B, L, H, ...)` tensors (out, dout, z, keep): element `column + gate_row[i]`."""
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = rows < L
+    dim_ok = offs_d < D
+    tile_ok = row_ok[:, None] & dim_ok[None, :]
+    column = b * L * H + h  # element (b, 0, h) of the (B, L, H, ...) tensors; query i is i * H rows further
+    gate_row = rows * H  # (BLOCK_M,)
+    return start_m, bh, b, h, rows, offs_d, row_ok, dim_ok, tile_ok, column, gate_row
+
+
+@triton.jit
+def _kept_key_range(
+    KEEP, gate_row, row_ok, start_m, L, S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KEEP: tl.constexpr,
+):  # fmt: skip
+    """`_key_range` of a query tile, empty when top-k dropped its head at every row (`KEEP` at (b, 0, h))."""
+    full_end, end = _key_range(start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL)
+    if HAS_KEEP:
+        tile_kept = tl.max(tl.load(KEEP + gate_row, mask=row_ok, other=0.0), 0) > 0
+        full_end = tl.where(tile_kept, full_end, 0)
+        end = tl.where(tile_kept, end, 0)
+    return full_end, end
+
+
+@triton.jit
 def _fwd_key_blocks(
     acc,
     l_i,
@@ -169,27 +202,15 @@ def _gated_attention_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
+    start_m, bh, b, h, rows, offs_d, row_ok, dim_ok, tile_ok, column, gate_row = _query_tile(
+        H, L, D, BLOCK_M, BLOCK_D
+    )
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = rows < L
-    dim_ok = offs_d < D
-    tile_ok = row_ok[:, None] & dim_ok[None, :]
-    column = b * L * H + h  # element (b, 0, h) of the (B, L, H, ...) tensors; query i is i * H rows further
-    gate_row = rows * H  # (BLOCK_M,)
     OUT += column * D
     Z += column * (D if ELEMENTWISE else 1)
     KEEP += column
-
-    full_end, end = _key_range(start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL)
-    if HAS_KEEP:  # top-k: a tile of dropped heads only computes nothing
-        tile_kept = tl.max(tl.load(KEEP + gate_row, mask=row_ok, other=0.0), 0) > 0
-        full_end = tl.where(tile_kept, full_end, 0)
-        end = tl.where(tile_kept, end, 0)
+    # top-k: a tile of dropped heads only computes nothing
+    full_end, end = _kept_key_range(KEEP, gate_row, row_ok, start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
@@ -238,16 +259,9 @@ def _gated_attention_bwd_preprocess_kernel(
     BLOCK_M: tl.constexpr,
 ):
     """`delta = rowsum(dout * out)` and the gate logits' gradient `dz = dout * out * sigmoid(-z)`."""
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = rows < L
-    dim_ok = offs_d < D
-    tile_ok = row_ok[:, None] & dim_ok[None, :]
-    column = b * L * H + h  # element (b, 0, h) of the (B, L, H, ...) tensors; query i is i * H rows further
-    gate_row = rows * H  # (BLOCK_M,)
+    _, bh, _, _, rows, offs_d, row_ok, dim_ok, tile_ok, column, gate_row = _query_tile(
+        H, L, D, BLOCK_M, BLOCK_D
+    )
     OUT += column * D
     DOUT += column * D
     Z += column * (D if ELEMENTWISE else 1)
@@ -528,27 +542,15 @@ def _gated_attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
+    start_m, bh, b, h, rows, offs_d, row_ok, dim_ok, tile_ok, column, gate_row = _query_tile(
+        H, L, D, BLOCK_M, BLOCK_D
+    )
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = rows < L
-    dim_ok = offs_d < D
-    tile_ok = row_ok[:, None] & dim_ok[None, :]
-    column = b * L * H + h  # element (b, 0, h) of the (B, L, H, ...) tensors; query i is i * H rows further
-    gate_row = rows * H  # (BLOCK_M,)
     DOUT += column * D
     Z += column * (D if ELEMENTWISE else 1)
     KEEP += column
-
-    full_end, end = _key_range(start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL)
-    if HAS_KEEP:  # top-k: a tile of dropped heads only has dA = 0, so dq = 0
-        tile_kept = tl.max(tl.load(KEEP + gate_row, mask=row_ok, other=0.0), 0) > 0
-        full_end = tl.where(tile_kept, full_end, 0)
-        end = tl.where(tile_kept, end, 0)
+    # top-k: a tile of dropped heads only has dA = 0, so dq = 0
+    full_end, end = _kept_key_range(KEEP, gate_row, row_ok, start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from pathlib import Path
 
 import transformers
@@ -79,12 +80,14 @@ def auto_classes(model_type: str, class_name: str) -> list[str]:
 
 
 def transformers_class(model: nn.Module) -> type | None:
-    """The transformers class of `model`: its own class, or the one a wrapper subclassed (FSDP2's
-    `fully_shard` turns `LlamaForCausalLM` into `FSDPLlamaForCausalLM`); `None` for other classes."""
-    for cls in type(model).__mro__:
-        if getattr(transformers, cls.__name__, None) is cls:
-            return None if cls.__name__ in ("PreTrainedModel", "GenerationMixin") else cls
-    return None
+    """The transformers class of `model`, also under FSDP2 (`fully_shard` swaps `LlamaForCausalLM` for a
+    generated `FSDPLlamaForCausalLM(FSDPModule, LlamaForCausalLM)`); `None` for other classes, subclasses
+    of users included (their code is not shipped)."""
+    cls = type(model)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and isinstance(model, fsdp.FSDPModule):
+        cls = next(base for base in cls.__bases__ if not issubclass(base, fsdp.FSDPModule))
+    return cls if getattr(transformers, cls.__name__, None) is cls else None
 
 
 def remote_classes(model: nn.Module) -> dict[str, str]:

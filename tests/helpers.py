@@ -127,21 +127,7 @@ def make_tiny_model(folder: Path) -> Path:
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
     )
-    config = transformers.LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = tiny_model("llama", vocab_size=len(vocab), max_position_embeddings=256)
     with torch.no_grad():  # special tokens get logit 0, below the best word: summaries are words, never empty
         model.lm_head.weight[: len(SPECIAL)] = 0
     model.save_pretrained(folder)

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers import tiny_model
 from safetensors import safe_open
 from torch.distributed.tensor import Shard
 
@@ -62,20 +63,7 @@ def eval_inputs() -> torch.Tensor:
 def fsdp_run(tmp_path_factory) -> dict:
     """Runs the 2-process FSDP2 training once; returns its folders and the ranks' reports."""
     root = tmp_path_factory.mktemp("fsdp")
-    config = transformers.LlamaConfig(
-        vocab_size=99,
-        hidden_size=32,
-        intermediate_size=37,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
+    tiny_model("llama", num_hidden_layers=NUM_LAYERS).save_pretrained(root / "base")
     out = root / "out"
     out.mkdir()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

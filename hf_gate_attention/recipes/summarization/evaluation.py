@@ -181,15 +181,11 @@ def _time_round(model, prompts: list[torch.Tensor], new_tokens: int) -> dict:
 
 
 def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
-    """Peak memory while summarizing one prompt, in MiB: the weights' bytes plus the peak growth of one
-    call (activations, KV cache; `hf_gate_attention.memory`) after a warm-up call."""
+    """Peak memory while summarizing one prompt, in MiB: the weights' bytes plus the peak growth of the call
+    (activations, KV cache; `hf_gate_attention.memory`)."""
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-
-    def summarize():
-        _summarize_one(model, input_ids, new_tokens)
-
-    summarize()  # warm-up: later calls reuse its freed heap blocks
-    return weights / 2**20 + peak_growth_mib(summarize, input_ids.device)
+    growth = peak_growth_mib(lambda: _summarize_one(model, input_ids, new_tokens), input_ids.device)
+    return weights / 2**20 + growth
 
 
 def interleaved_speed(

@@ -49,7 +49,7 @@ class _BlockPatch:
         self.family = family
         self.variant = config.variant
         self.scale = config.gate_scale
-        self.fused = fused  # the `fused` module when the Triton backend serves this block, else None
+        self.fused = fused  # `kernels.dispatch` when the Triton backend serves this block, else None
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
@@ -199,7 +199,8 @@ def add_gates(
 ) -> None:
     """Give every block of `layout` (from `attention_layout`) an `attn_gate` and its hooks; record `config`.
 
-    `fused` is the `fused` module when the Triton backend serves this model, else `None` (plain torch).
+    `fused` is `hf_gate_attention.kernels.dispatch` when the Triton backend serves this model, else `None`
+    (plain torch; hooks.py itself never imports the kernels, so that it can ship as remote code).
     """
     base = unwrap_model(model)
     patches = []

@@ -10,8 +10,8 @@ The package, by room (imports flow down this list only):
 - `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
 - `kernels`: fused Triton kernels beside their PyTorch references, custom ops, dispatch.
 - `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
-- `files`, `formatting`, `claims`, `memory`, `offline`: shared helpers (atomic files and JSON, tables, the
-  article's claims, peak memory, offline model copies).
+- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`: shared helpers (atomic files and
+  JSON, tables, the article's claims, peak memory, offline model copies and their names).
 
 `import hf_gate_attention` loads only `core`; the sharing names below are imported on first use.
 """

@@ -1,9 +1,10 @@
 """The package's rooms and the direction of their imports (see the README's architecture section).
 
 Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with the small shared
-helpers (`files`, `formatting`, `claims`, `memory`, `offline`) usable from any room above the core. `core`
-imports only torch, transformers and itself at module level; it reaches the kernels and the sharing code only
-inside functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on patched instances).
+helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`) usable from any room above
+the core. `core` imports only torch, transformers and itself at module level; it reaches the kernels and
+the sharing code only inside functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on
+patched instances).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ ALLOWED = {
     "recipes": {"recipes", "sharing", "kernels", "core", "helpers"},
     "top": {"top", "recipes", "sharing", "kernels", "core", "helpers"},
 }
-HELPERS = {"files", "formatting", "claims", "memory", "offline"}
+HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline"}
 
 
 def _room(module: str) -> str:

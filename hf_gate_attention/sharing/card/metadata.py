@@ -8,7 +8,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCardData, metadata_load
 
 from ...formatting import ROUGE_LABELS
-from ...offline.names import HUB_ALIASES
+from ...known_models import HUB_ALIASES
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _PIPELINES = {

@@ -9,7 +9,7 @@ import transformers
 from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict, round_speedups, speed_verdict
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ...formatting import ROUGE_LABELS, score_with_ci, signed, signed_percent, table
-from ...offline.names import OFFLINE_MODEL_NAMES
+from ...known_models import OFFLINE_MODEL_NAMES
 from .metadata import architecture_suffix
 
 NO_RESULTS = "No evaluation results were recorded for this checkpoint."

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .names import HUB_ALIASES, OFFLINE_MODEL_NAMES
+from .known_models import HUB_ALIASES, OFFLINE_MODEL_NAMES
 
 logger = logging.getLogger(__name__)
 

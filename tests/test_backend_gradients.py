@@ -33,9 +33,12 @@ def _loss_weights(output: torch.Tensor, real: torch.Tensor | None) -> torch.Tens
     return weights if real is None else weights * real[..., None]
 
 
-def _inputs(model_type: str, length: int, padding: str) -> dict:
+def _inputs(model_type: str, length: int, padding: str, overrides: dict | None = None) -> dict:
+    """Token ids of `length` with a third padded, or images of the size in `overrides` (default: the family's
+    17-token size)."""
     if model_type in IMAGE_MODELS:
-        size = FAMILY_MODEL_TYPES.get(model_type, TINY_MODELS[model_type][0])["image_size"]
+        overrides = FAMILY_MODEL_TYPES.get(model_type, {}) if overrides is None else overrides
+        size = overrides.get("image_size", TINY_MODELS[model_type][0]["image_size"])
         return {"pixel_values": torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))}
     inputs = tiny_inputs(model_type, batch=2, length=length)
     mask = torch.ones_like(inputs["input_ids"])
@@ -132,10 +135,9 @@ def test_every_model_type_with_its_head_matches_torch(model_type):
 
 def loss_curve(model_type: str, backend: str, steps: int) -> list[float]:
     """Losses of `steps` AdamW steps of a 1-layer gated (paper init) tiny model on one fixed random batch."""
-    overrides = FAMILY_MODEL_TYPES[model_type] | {"num_hidden_layers": 1}
-    model = tiny_model(model_type, attn_implementation="sdpa", **overrides).train()
+    model = tiny_model(model_type, attn_implementation="sdpa", num_hidden_layers=1).train()
     patch(model, variant="output", granularity="elementwise", init="paper", backend=backend)
-    inputs = _inputs(model_type, 17, "right")
+    inputs = _inputs(model_type, 12, "right", overrides={})  # within one block (crossing: the tests above)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):

@@ -251,13 +251,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def summarize_main(argv: list[str] | None = None) -> int:
+    """`hf-gate-summarize` (= `hf-gate-attention summarize`): the summarization recipe's command line, or exit
+    status 2 with the extra to install when the recipes' stack is missing."""
+    try:
+        from .recipes.summarization.cli import main as summarize
+    except ImportError as error:
+        print(f"hf-gate-summarize: error: {error}", file=sys.stderr)
+        return 2
+    return summarize(sys.argv[1:] if argv is None else argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (2 with a one-line reason for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["summarize"]:
-        from .recipes.summarization.cli import main as summarize
-
-        return summarize(argv[1:])
+        return summarize_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -110,6 +110,13 @@ assert all(m.startswith(("hf_gate_attention.core", "hf_gate_attention.kernels"))
 def test_a_recipe_without_its_extra_names_the_extra():
     done = _python(BLOCK_RECIPE_STACK + "import hf_gate_attention.recipes.summarization\n")
     assert done.returncode != 0
+    command = _python(
+        BLOCK_RECIPE_STACK + "from hf_gate_attention import cli\nsys.exit(cli.main(['summarize']))\n"
+    )
+    assert command.returncode == 2, command.stderr[-3000:]
+    assert command.stderr.startswith(
+        "hf-gate-summarize: error: the hf-gate-attention recipes need the [recipes]"
+    )
     assert (
         "ImportError: the hf-gate-attention recipes need the [recipes] extra; missing: accelerate"
         in done.stderr

@@ -40,7 +40,6 @@ __all__ = [
     "cache_dir",
     "dinov2_small_path",
     "minilm_path",
-    "offline_mode",
     "resolve_model",
     "smollm2_path",
 ]
@@ -346,16 +345,11 @@ OFFLINE_MODELS: dict[str, Callable[[], Path]] = dict(
 )
 
 
-def offline_mode() -> bool:
-    """Whether the user turned the Hub off (`HF_HUB_OFFLINE` or `TRANSFORMERS_OFFLINE`: 1/on/yes/true)."""
-    from huggingface_hub import constants
-
-    flags = (os.environ.get(var, "").strip().upper() for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags) or bool(constants.HF_HUB_OFFLINE)
-
-
 def _hub_offline() -> bool:
-    return offline_mode() or not _hub_reachable()
+    """The Hub's own offline flag (`HF_HUB_OFFLINE`/`TRANSFORMERS_OFFLINE`), or huggingface.co unreachable."""
+    from huggingface_hub import is_offline_mode
+
+    return is_offline_mode() or not _hub_reachable()
 
 
 @functools.lru_cache(maxsize=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -30,3 +31,13 @@ def test_other_systems_get_an_error_not_a_guess(monkeypatch, tmp_path):
     monkeypatch.setattr("hf_gate_attention.memory._STATUS", tmp_path / "no-such-file")
     with pytest.raises(RuntimeError, match="Linux only"):
         peak_growth_mib(lambda: None)
+
+
+def test_the_recipe_reports_nan_where_memory_cannot_be_measured(monkeypatch, tmp_path):
+    from hf_gate_attention.recipes.summarization import evaluation
+
+    monkeypatch.setattr("hf_gate_attention.memory._STATUS", tmp_path / "no-such-file")
+    monkeypatch.setattr(evaluation, "_summarize_one", lambda *args: None)
+    assert math.isnan(
+        evaluation.peak_memory_mb(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long), 4)
+    )

@@ -239,6 +239,7 @@ def test_resolve_model(monkeypatch, tmp_path):
     assert offline.resolve_model(str(tmp_path)) == str(tmp_path)
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # what the Hub client reads
     assert offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2") == minilm
     assert offline.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == str(tmp_path / "smol")
     monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: True)  # the real checkpoint is cached: use it
@@ -250,7 +251,7 @@ def test_resolve_model(monkeypatch, tmp_path):
     monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # read once, at its import
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     monkeypatch.setattr(offline, "_hub_reachable", lambda: True)
     assert (
         offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2")

@@ -120,7 +120,7 @@ def test_hub_connection_error_is_explained(monkeypatch):
 
 def test_hub_known_columns(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(sdata, "offline_mode", lambda: False)
+    monkeypatch.setattr(sdata, "is_offline_mode", lambda: False)
     fake = datasets.DatasetDict(
         {s: datasets.Dataset.from_dict({"report": ["r"], "summary": ["s"]}) for s in sdata.SPLITS}
     )

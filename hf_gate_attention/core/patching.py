@@ -7,7 +7,7 @@ the torch path here, or the fused kernels of `hf_gate_attention.kernels`), and r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from types import MethodType
 
 from torch import nn
@@ -150,9 +150,9 @@ def gate_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
                     yield param
 
 
-def freeze_all_but_gates(model: nn.Module, also: Iterable[nn.Parameter] = ()) -> nn.Module:
-    """Make the gates (and the parameters in `also`) the only trainable parameters of `model`."""
+def freeze_all_but_gates(model: nn.Module) -> nn.Module:
+    """Make the gates the only trainable parameters of `model`."""
     model.requires_grad_(False)
-    for param in (*gate_parameters(model), *also):
+    for param in gate_parameters(model):
         param.requires_grad_(True)
     return model

@@ -31,8 +31,7 @@ from typing import Any
 
 import datasets
 import torch
-
-from ...offline import offline_mode
+from huggingface_hub import is_offline_mode
 
 logger = logging.getLogger(__name__)
 
@@ -269,7 +268,7 @@ def _load_hub(dataset_id: str, load_kwargs: dict) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(dataset_id, **load_kwargs)
     except (ConnectionError, TimeoutError) as err:
-        if offline_mode():
+        if is_offline_mode():
             why = "offline mode is on (HF_HUB_OFFLINE=1) and it is not in the local cache"
         else:
             why = f"the Hugging Face Hub is unreachable ({err})"

@@ -182,9 +182,14 @@ def _time_round(model, prompts: list[torch.Tensor], new_tokens: int) -> dict:
 
 def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
     """Peak memory while summarizing one prompt, in MiB: the weights' bytes plus the peak growth of the call
-    (activations, KV cache; `hf_gate_attention.memory`)."""
+    (activations, KV cache; `hf_gate_attention.memory`). NaN, with a warning, where it cannot be measured
+    (a CPU without Linux's /proc): the speed tables show `nan` rather than a guess."""
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    growth = peak_growth_mib(lambda: _summarize_one(model, input_ids, new_tokens), input_ids.device)
+    try:
+        growth = peak_growth_mib(lambda: _summarize_one(model, input_ids, new_tokens), input_ids.device)
+    except RuntimeError as error:
+        logger.warning("peak memory not measured: %s", error)
+        return float("nan")
     return weights / 2**20 + growth
 
 

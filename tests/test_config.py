@@ -14,6 +14,7 @@ from hf_gate_attention import GateConfig
         ("top_k", 0, "None or an int >= 1"),
         ("top_k", True, "None or an int >= 1"),
         ("top_k", 1.5, "None or an int >= 1"),
+        ("top_k_unit", "group", "head, kv_group"),
         ("layers", [], "None or a non-empty list"),
         ("layers", [0, -1], "None or a non-empty list"),
         ("layers", "0", "None or a non-empty list"),
@@ -25,7 +26,14 @@ def test_invalid_values_name_the_field_and_the_accepted_values(field, value, acc
 
 
 def test_json_round_trip_and_normalised_layers():
-    config = GateConfig(variant="qk", granularity="elementwise", init="paper", top_k=2, layers=[3, 1, 3])
+    config = GateConfig(
+        variant="qk",
+        granularity="elementwise",
+        init="paper",
+        top_k=2,
+        top_k_unit="kv_group",
+        layers=[3, 1, 3],
+    )
     assert config.layers == (1, 3)
     assert GateConfig.from_json_string(config.to_json_string()) == config
     assert GateConfig.from_dict(config.to_dict()) == config
@@ -46,6 +54,7 @@ def test_the_backend_is_not_part_of_the_config():
         GateConfig.from_dict({"variant": "qk", "backend": "triton"})
     old = {"variant": "qk", "granularity": "headwise", "init": "paper", "top_k": None, "layers": None}
     assert GateConfig.from_saved({**old, "backend": "triton"}) == GateConfig.from_dict(old)
+    assert GateConfig.from_dict(old).top_k_unit == "head"  # saved before top_k_unit existed
 
 
 def test_identity_init_scales_the_sigmoid_by_two():

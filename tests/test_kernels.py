@@ -222,6 +222,29 @@ def test_top_k_skips_dropped_tiles():
     check_attention({**inputs, "q": clean_q, "keep": keep}, causal=True)
 
 
+def test_decode_never_reads_the_keys_and_values_of_dropped_groups():
+    """Decode (one query per sequence) with whole key/value groups dropped, as `top_k_unit="kv_group"` gives:
+    the kernel never loads their keys and values (NaN there reaches nothing), and each sequence of the batch
+    drops its own group."""
+    inputs = attention_inputs(
+        Case(2, 1, 6, 3, 32, causal=True, padding="left", gate="headwise", dtype="fp32", keys=40)
+    )
+    keep = torch.ones(2, 1, 6, device=DEVICE)  # (B, L, H); group g holds heads 2g and 2g + 1
+    dropped = {0: 1, 1: 2}  # sequence -> its dropped group
+    poisoned_k, poisoned_v = inputs["k"].clone(), inputs["v"].clone()
+    for b, g in dropped.items():
+        keep[b, :, 2 * g : 2 * g + 2] = 0.0
+        poisoned_k[b, g] = float("nan")
+        poisoned_v[b, g] = float("nan")
+    kwargs = {"gate_scale": 2.0, "keep": keep, "causal": True, "key_padding_mask": inputs["key_padding_mask"]}
+    q, gate_logits = inputs["q"], inputs["gate_logits"]
+    out = gated_flash_attention(q, poisoned_k, poisoned_v, gate_logits, **kwargs)
+    expected = gated_attention_reference(q, inputs["k"], inputs["v"], gate_logits, **kwargs)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    check_attention({**inputs, "keep": keep}, causal=True)
+
+
 # --- Fused sigmoid-gate-multiply ---
 
 

@@ -21,7 +21,10 @@ from hf_gate_attention.sharing.saving import ENTRY_MODULE, RUNTIME_MODULES, RUNT
 
 # (model_type, gate): every variant, both granularities, top-k, a fused-qkv and an image model
 CASES = {
-    "llama-output-headwise-top2": ("llama", GateConfig(variant="output", init="paper", top_k=2)),
+    "llama-output-headwise-top1-kvgroup": (
+        "llama",
+        GateConfig(variant="output", init="paper", top_k=1, top_k_unit="kv_group"),
+    ),
     "phi3-value-elementwise": ("phi3", GateConfig(variant="value", granularity="elementwise", init="paper")),
     "bert-qk-headwise": ("bert", GateConfig(variant="qk", init="paper")),
     "vit-output-elementwise": ("vit", GateConfig(variant="output", granularity="elementwise", init="paper")),
@@ -64,7 +67,7 @@ handler = logging.Handler()
 handler.emit = lambda record: messages.append(record.getMessage())
 transformers.logging.get_logger().addHandler(handler)
 transformers.logging.set_verbosity_warning()
-plain = transformers.AutoModelForCausalLM.from_pretrained(f"{root}/llama-output-headwise-top2")
+plain = transformers.AutoModelForCausalLM.from_pretrained(f"{root}/llama-output-headwise-top1-kvgroup")
 report["plain"] = {"class": type(plain).__name__, "warnings": "\n".join(messages)}
 messages.clear()
 try:

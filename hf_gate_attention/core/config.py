@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 VARIANTS = ("output", "value", "qk")
 GRANULARITIES = ("headwise", "elementwise")
 INITS = ("identity", "paper")
+TOP_K_UNITS = ("head", "kv_group")
 # fields that old checkpoints saved and that are not part of what the gate computes: dropped on load
 LEGACY_FIELDS = ("backend",)
 
@@ -36,8 +37,13 @@ class GateConfig:
             computed before (the right start for a pretrained model). `"paper"`: normal init with
             `g = sigmoid(z)` as in Qiu et al. for training from scratch (the gate starts near 0.5).
         top_k (`int`, *optional*):
-            Sparse gating: per token, only the `top_k` heads with the largest gate values are kept; the others
-            get exactly 0. `None` keeps all heads.
+            Sparse gating: per token, only the `top_k` heads (or key/value groups, see `top_k_unit`) with the
+            largest gate values are kept; the others get exactly 0. `None` keeps all heads.
+        top_k_unit (`str`, *optional*, defaults to `"head"`):
+            What `top_k` selects. `"head"`: query heads (key/value heads for the `value` gate). `"kv_group"`:
+            key/value groups of grouped-query attention, scored by the mean gate of their query heads and kept
+            or dropped whole, so that a dropped group's keys and values are never read (the decode win). With
+            as many key/value heads as query heads both units are the same.
         layers (`tuple[int]`, *optional*):
             Indices of the layers to gate; `None` gates every self-attention layer.
     """
@@ -46,12 +52,14 @@ class GateConfig:
     granularity: str = "headwise"
     init: str = "identity"
     top_k: int | None = None
+    top_k_unit: str = "head"
     layers: tuple[int, ...] | None = field(default=None)
 
     def __post_init__(self):
         _check_choice("variant", self.variant, VARIANTS)
         _check_choice("granularity", self.granularity, GRANULARITIES)
         _check_choice("init", self.init, INITS)
+        _check_choice("top_k_unit", self.top_k_unit, TOP_K_UNITS)
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         ):

@@ -14,6 +14,8 @@ Formulas (per token; `G` gated heads, `D` head_dim, `s` = 2 for `init="identity"
 
 `w` is 1 (headwise) or `D` (elementwise). The sigmoid is computed in float32 whatever the model dtype.
 With `top_k`, per token only the `top_k` heads with the largest (mean) gate value are kept; the rest are 0.
+With `top_k_unit="kv_group"` the units are the key/value groups (score: the mean gate of the group's query
+heads), each kept or dropped whole. `keep` is the 0/1 selection per gated head.
 """
 
 from __future__ import annotations
@@ -48,14 +50,19 @@ class AttentionGate(nn.Module):
         super().__init__()
         self.variant = config.variant
         self.top_k = config.top_k
+        self.top_k_unit = config.top_k_unit
         self.scale = config.gate_scale
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.num_gated_heads = num_kv_heads if config.variant == "value" else num_heads
         self.width = 1 if config.granularity == "headwise" else head_dim
-        if self.top_k is not None and self.top_k > self.num_gated_heads:
-            raise ValueError(
-                f"GateConfig.top_k={self.top_k} exceeds the {self.num_gated_heads} gated heads of this model"
-            )
+        # top-k selects among `num_units` units of `heads_per_unit` consecutive gated heads
+        self.heads_per_unit = 1
+        if config.top_k_unit == "kv_group" and self.num_gated_heads == num_heads:
+            self.heads_per_unit = num_heads // num_kv_heads
+        num_units = self.num_gated_heads // self.heads_per_unit
+        if self.top_k is not None and self.top_k > num_units:
+            unit = "key/value groups" if config.top_k_unit == "kv_group" else "gated heads"
+            raise ValueError(f"GateConfig.top_k={self.top_k} exceeds the {num_units} {unit} of this model")
         if config.variant == "qk":
             weight_shape = (num_heads, self.width, 2 * head_dim)
             bias_shape = (num_heads, self.width)
@@ -70,7 +77,7 @@ class AttentionGate(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"variant={self.variant}, heads={self.num_gated_heads}, width={self.width}, scale={self.scale}, "
-            f"top_k={self.top_k}"
+            f"top_k={self.top_k}, heads_per_unit={self.heads_per_unit}"
         )
 
     def logits(
@@ -98,18 +105,35 @@ class AttentionGate(nn.Module):
         With `logits_only=True`, returns `(logits (..., G, w), keep (..., G) or None)` instead, for the fused
         kernels that apply `scale * sigmoid(logits) * keep` themselves.
         """
-        logits = self.logits(x, q, k)
-        gate = self.scale * torch.sigmoid(logits.float())
-        keep = None
-        if self.top_k is not None:
-            score = gate.mean(-1)  # (..., G)
-            keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
         if logits_only:
+            logits = self.logits(x, q, k)
+            keep = None if self.top_k is None else self.selection(self._sigmoid(logits))
             return logits, keep
-        return gate if keep is None else gate * keep.unsqueeze(-1)
+        return self.with_selection(x, q, k)[0]
+
+    def with_selection(self, x=None, q=None, k=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(gate (..., G, w) float32 with the heads top-k dropped at 0, keep (..., G) 0/1 or None)`."""
+        gate = self._sigmoid(self.logits(x, q, k))
+        if self.top_k is None:
+            return gate, None
+        keep = self.selection(gate)
+        return gate * keep.unsqueeze(-1), keep
+
+    def _sigmoid(self, logits: torch.Tensor) -> torch.Tensor:
+        """`scale * sigmoid(logits)` in float32, in as few ops as possible (it runs per layer and token)."""
+        gate = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
+        return gate if self.scale == 1.0 else gate * self.scale
+
+    def selection(self, gate: torch.Tensor) -> torch.Tensor:
+        """The top-k 0/1 selection `(..., G)` for gate values `gate: (..., G, w)`."""
+        score = gate.mean(-1)  # (..., G)
+        if self.heads_per_unit > 1:
+            score = score.unflatten(-1, (-1, self.heads_per_unit)).mean(-1)  # (..., KV)
+        keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
+        return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
 
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """Multiply `values: (..., G*D)` (head-major) by `gate: (..., G, w)`, `w` in {1, D}; keeps the dtype."""
     heads = values.unflatten(-1, (gate.shape[-2], -1))  # (..., G, D)
-    return (heads * gate.to(values.dtype)).flatten(-2)
+    return (heads * (gate if gate.dtype == values.dtype else gate.to(values.dtype))).flatten(-2)

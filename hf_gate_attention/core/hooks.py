@@ -13,6 +13,8 @@ checkpoints as the code that `trust_remote_code=True` runs (see `sharing/saving.
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import torch
 from torch import nn
 
@@ -23,6 +25,11 @@ from .gate import AttentionGate, apply_gate
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
 PATCHES_ATTRIBUTE = "_gate_attention_patches"
+
+# any module inside a block whose gate is applied by the attention function (the fused Triton attention, or
+# the sparse top-k attention) -> its block patch. The attention function gets the module that calls it: the
+# block itself in decoders, a child such as BertSelfAttention in BERT.
+BLOCK_PATCHES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -43,42 +50,51 @@ class _BlockPatch:
     """The hooks of one patched attention block and the tensors they pass from projection to projection."""
 
     def __init__(
-        self, block: nn.Module, family: AttentionFamily, config: GateConfig, geometry: dict, fused=None
+        self,
+        block: nn.Module,
+        family: AttentionFamily,
+        config: GateConfig,
+        geometry: dict,
+        fused=None,
+        gate_in_attention: bool = False,
     ):
         self.block = block
         self.family = family
         self.variant = config.variant
         self.scale = config.gate_scale
         self.fused = fused  # `kernels.dispatch` when the Triton backend serves this block, else None
+        self.gate_in_attention = gate_in_attention
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
+        self.roles = self._roles()
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
         self.block_handle = block.register_forward_pre_hook(self._sync_hooks)
         self._sync_hooks(block, ())
-        if fused is not None and self.variant != "value":
+        if gate_in_attention:
             for module in block.modules():
-                fused.BLOCK_PATCHES[module] = self
+                BLOCK_PATCHES[module] = self
 
-    def _roles(self) -> dict[str, set[str]]:
+    def _roles(self) -> dict[str, frozenset[str]]:
         """Projection path -> the roles it plays (a fused qkv projection plays three)."""
         roles: dict[str, set[str]] = {}
         for role in ("query", "key", "value"):
             roles.setdefault(getattr(self.family, role), set()).add(role)
         if self.variant != "value":
             roles.setdefault(self.family.output, set()).add("output")
-        return roles
+        return {path: frozenset(names) for path, names in roles.items()}
 
     def _sync_hooks(self, block, args):
         """(Re)attach hooks to the modules now at the family's paths (they change when PEFT wraps them)."""
-        for path, roles in self._roles().items():
+        for path, roles in self.roles.items():
             module = block.get_submodule(path)
             if path in self.hooked and self.hooked[path][0] is module:
                 continue
             self._remove(path)
             handles = []
-            if roles & {"query", "key", "value"}:
-                handles.append(module.register_forward_hook(self._projection_hook(frozenset(roles))))
+            hook = self._projection_hook(roles)
+            if hook is not None:
+                handles.append(module.register_forward_hook(hook))
             if "output" in roles:
                 handles.append(module.register_forward_pre_hook(self._before_output))
             self.hooked[path] = (module, handles)
@@ -92,33 +108,50 @@ class _BlockPatch:
             self._remove(path)
         self.block_handle.remove()
         self.stash.clear()
-        if self.fused is not None:
+        if self.gate_in_attention:
             for module in self.block.modules():
-                self.fused.BLOCK_PATCHES.pop(module, None)
+                BLOCK_PATCHES.pop(module, None)
 
     def _gate(self) -> nn.Module:
         return getattr(self.block, GATE_MODULE_NAME)
 
     def _projection_hook(self, roles: frozenset[str]):
-        def hook(module, args, output):
-            parts = {"query": output, "key": output, "value": output}
-            if self.family.fused_qkv:  # output: (..., q_size + 2 * kv_size) laid out [q | k | v]
-                split = output.split([self.q_size, self.kv_size, self.kv_size], -1)
-                parts = dict(zip(("query", "key", "value"), split, strict=True))
-            if self.variant == "output" and "query" in roles:
-                self.stash["x"] = args[0]
-            if self.variant == "qk":
-                for role, name in (("query", "q"), ("key", "k")):
-                    if role in roles:
-                        self.stash[name] = parts[role]
-            if self.variant == "value" and "value" in roles:
+        """The forward hook of a projection with these roles, or `None` if it has nothing to do."""
+        stash = self.stash
+        if self.variant == "output" and "query" in roles:
+
+            def keep_input(module, args, output):
+                stash["x"] = args[0]
+
+            return keep_input
+        if self.variant == "qk" and roles & {"query", "key"}:
+
+            def keep_query_key(module, args, output):
+                parts = self._split(output)
+                if "query" in roles:
+                    stash["q"] = parts["query"]
+                if "key" in roles:
+                    stash["k"] = parts["key"]
+
+            return keep_query_key
+        if self.variant == "value" and "value" in roles:
+
+            def gate_values(module, args, output):
+                parts = self._split(output)
                 gated = self._apply(parts["value"], {"x": args[0]})
                 if not self.family.fused_qkv:
                     return gated
                 return torch.cat([parts["query"], parts["key"], gated], dim=-1)
-            return None
 
-        return hook
+            return gate_values
+        return None
+
+    def _split(self, output: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A projection's output by role (fused qkv: `(..., q_size + 2 * kv_size)` laid out `[q, k, v]`)."""
+        if not self.family.fused_qkv:
+            return {"query": output, "key": output, "value": output}
+        split = output.split([self.q_size, self.kv_size, self.kv_size], -1)
+        return dict(zip(("query", "key", "value"), split, strict=True))
 
     def _take_inputs(self) -> dict[str, torch.Tensor]:
         """The stashed gate inputs of this forward: `x` (output gate) or `q` and `k` (qk gate)."""
@@ -143,6 +176,13 @@ class _BlockPatch:
         logits, keep = self._gate()(**self._take_inputs(), logits_only=True)
         self.stash["fused"] = True
         return logits, keep, self.scale
+
+    def take_gate(self):
+        """For an attention function that applies the gate itself: `(gate (B, L, H, w), keep (B, L, H) or
+        None)`, float32, `gate` already multiplied by `keep`."""
+        gate, keep = self._gate().with_selection(**self._take_inputs())
+        self.stash["fused"] = True
+        return gate, keep
 
     def _before_output(self, module, args):
         if self.stash.pop("fused", False):  # the attention function already applied the gate
@@ -195,12 +235,18 @@ def attention_layout(model: nn.Module, config: GateConfig, family: AttentionFami
 
 
 def add_gates(
-    model: nn.Module, config: GateConfig, family: AttentionFamily, layout: dict, fused=None
+    model: nn.Module,
+    config: GateConfig,
+    family: AttentionFamily,
+    layout: dict,
+    fused=None,
+    gate_in_attention: bool = False,
 ) -> None:
     """Give every block of `layout` (from `attention_layout`) an `attn_gate` and its hooks; record `config`.
 
     `fused` is `hf_gate_attention.kernels.dispatch` when the Triton backend serves this model, else `None`
     (plain torch; hooks.py itself never imports the kernels, so that it can ship as remote code).
+    `gate_in_attention`: the model's attention function applies the gate (`take_gate*`), not the hooks.
     """
     base = unwrap_model(model)
     patches = []
@@ -214,6 +260,6 @@ def add_gates(
             device=query_weight.device,
         )
         block.add_module(GATE_MODULE_NAME, gate)
-        patches.append(_BlockPatch(block, family, config, geometry, fused))
+        patches.append(_BlockPatch(block, family, config, geometry, fused, gate_in_attention))
     setattr(base, PATCHES_ATTRIBUTE, patches)
     setattr(base.config, CONFIG_ATTRIBUTE, config.to_dict())

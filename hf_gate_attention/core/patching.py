@@ -12,6 +12,7 @@ from types import MethodType
 
 from torch import nn
 
+from . import sparse as sparse_module
 from .config import GateConfig
 from .families import family_for
 from .gate import AttentionGate
@@ -23,6 +24,7 @@ from .hooks import (
     attention_layout,
     unwrap_model,
 )
+from .sparse import sparse_unavailable_reason
 
 BACKENDS = ("auto", "torch", "triton")
 _BACKEND_ATTRIBUTE = "_gate_attention_backend"
@@ -52,6 +54,7 @@ def patch(
     config: GateConfig | None = None,
     *,
     backend: str = "auto",
+    sparse: bool | None = None,
     train_gates_only: bool = False,
     **overrides,
 ) -> nn.Module:
@@ -66,10 +69,16 @@ def patch(
             `output`/`qk`, a fused sigmoid-gate-multiply for `value`); needs Triton and CUDA (or
             `TRITON_INTERPRET=1`). `"auto"`: `"triton"` when the model is on a CUDA device and the kernels
             support it, else `"torch"`. Not saved with the model: choose it again when loading.
+        sparse (`bool`, *optional*): how the torch backend runs `top_k`. `None` (default): skip the work of
+            the dropped heads and key/value groups where it can (`core/sparse.py`: variants `output`/`qk`),
+            else compute every head and mask the dropped ones. `True`: skip, or raise `ValueError` saying why
+            it cannot. `False`: the masked reference. The Triton kernels always skip dropped tiles.
         train_gates_only: freeze every parameter except the new gates.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not valid; accepted values: {', '.join(BACKENDS)}")
+    if sparse not in (None, True, False):
+        raise ValueError(f"sparse={sparse!r} is not valid; accepted values: None, True, False")
     config = (config or GateConfig()).replace(**overrides) if overrides else (config or GateConfig())
     base = unwrap_model(model)
     if is_patched(base):
@@ -86,17 +95,32 @@ def patch(
             backend, config, base.config, first_geometry["head_dim"], query_weight
         )
         fused = dispatch if resolved == "triton" else None
-    add_gates(base, config, family, layout, fused)
+    attention = _gated_attention_implementation(config, base.config, fused, sparse)
+    add_gates(base, config, family, layout, fused, gate_in_attention=attention is not None)
     setattr(base, _BACKEND_ATTRIBUTE, resolved)
     for name, method in _INSTANCE_METHODS.items():
         setattr(base, name, MethodType(method, base))
-    if fused is not None and config.variant != "value":
-        fused.register_attention_implementation()
+    if attention is not None:
+        attention.register_attention_implementation()
         setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
-        base.set_attn_implementation(fused.ATTN_IMPLEMENTATION)
+        base.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
     if train_gates_only:
         freeze_all_but_gates(model)
     return model
+
+
+def _gated_attention_implementation(config: GateConfig, model_config, fused, sparse: bool | None):
+    """The module (`kernels.dispatch` or `core.sparse`) whose attention function applies the gate, if any."""
+    if fused is not None:
+        if sparse is False and config.top_k is not None:
+            raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
+        return fused if config.variant != "value" else None
+    if sparse is False or (sparse is None and config.top_k is None):
+        return None
+    reason = sparse_unavailable_reason(config.variant, config.top_k, model_config)
+    if reason is not None and sparse:
+        raise ValueError(f"sparse=True cannot run: {reason}. Use sparse=None or False")
+    return sparse_module if reason is None else None
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -8,19 +8,14 @@ and attention coming from another backend, use the fused sigmoid-gate-multiply k
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 import torch
 from torch import nn
 
 from ..core.config import GateConfig
+from ..core.hooks import BLOCK_PATCHES
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
 UNSUPPORTED_ATTENTION_OPTIONS = ("sliding_window", "attn_logit_softcapping")
-
-# any module inside a block patched for fused attention -> its block patch (the attention function gets the
-# module that calls it: the block itself in decoders, a child such as BertSelfAttention in BERT)
-BLOCK_PATCHES: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _unavailable_reason(config: GateConfig, model_config, head_dim: int, dtype: torch.dtype) -> str | None:

@@ -8,6 +8,7 @@ import transformers
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict, round_speedups, speed_verdict
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ...core.sparse import SPARSE_VARIANTS
 from ...formatting import ROUGE_LABELS, score_with_ci, signed, signed_percent, table
 from ...known_models import OFFLINE_MODEL_NAMES
 from .metadata import architecture_suffix
@@ -268,7 +269,7 @@ def limitations(ckpt: dict, res: dict | None) -> str:
                 + (
                     " The gate adds computation and this path skips none, so a speed-up is most likely "
                     "timing noise."
-                    if faster and run["speed"]["device"] == "cpu"
+                    if faster and run["speed"]["device"] == "cpu" and gate.top_k is None
                     else ""
                 )
             )
@@ -300,9 +301,17 @@ def limitations(ckpt: dict, res: dict | None) -> str:
             "checkpoint computes exactly what the ungated model computes."
         )
     if gate.top_k is not None:
+        units = "key/value groups" if gate.top_k_unit == "kv_group" else "heads"
+        saving = (
+            f"With hf-gate-attention installed, the attention of the dropped {units} is skipped (the "
+            "projections still run for every head); with transformers alone (`trust_remote_code=True`) it "
+            "is computed and masked: same outputs, no saving."
+            if gate.variant in SPARSE_VARIANTS
+            else "The value gate's selection is a mask: it saves no compute."
+        )
         items.append(
-            f"`top_k={gate.top_k}` masks the other heads with exact zeros; on the torch path it saves no "
-            "compute."
+            f"`top_k={gate.top_k}` keeps, per token, the {gate.top_k} {units} with the largest gate values and "
+            f"gives the others exact zeros. {saving}"
         )
     items.append(
         "The paper trained gates from scratch at scale. Its appendix reports that adding gates during "

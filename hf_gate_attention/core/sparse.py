@@ -1,0 +1,142 @@
+"""Sparse top-k on the torch path: attention runs only for the heads and key/value groups top-k keeps.
+
+The gate depends only on the block's input (or on its query and key projections), so it is known before
+attention. The masked reference (`gate.py`) computes every head and multiplies the dropped ones by 0. A model
+patched with `top_k` (variants `output` and `qk`, backend `torch`) instead switches, on that instance only, to
+the attention implementation `hf_gate_attention_sparse`: transformers' SDPA attention, called per sequence
+and key/value group, only for the query rows that keep at least one head of the group, then the gate.
+
+- Decode (one query per sequence): each sequence of the batch reads only the KV cache of the groups it keeps;
+  with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache.
+- Prefill and training: the kept query rows of each group are gathered, with their rows of the causal,
+  padding or sliding-window mask; gradients flow through the gather like through the masked reference.
+
+Not skipped: the query/key/value and output projections run for every head (keys and values must be written
+for every group; the projections are a few % of a long-context decode step), and, with
+`top_k_unit="head"`, the dropped heads of a group that some head keeps. Outputs equal the masked reference up
+to the rounding of SDPA on other shapes (< 1e-5 in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .gate import apply_gate
+from .hooks import BLOCK_PATCHES
+
+ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
+SPARSE_VARIANTS = ("output", "qk")
+# attention options SDPA (and so this path) does not have
+UNSUPPORTED_OPTIONS = ("attn_logit_softcapping",)
+
+
+def sparse_unavailable_reason(variant: str, top_k: int | None, model_config) -> str | None:
+    """Why sparse top-k cannot serve this patch, or `None` if it can."""
+    if top_k is None:
+        return "sparse execution needs GateConfig.top_k (there is nothing to skip without it)"
+    if variant not in SPARSE_VARIANTS:
+        return (
+            f"variant {variant!r} gates the values before they enter the KV cache, so dropping a head skips "
+            f"no attention; sparse execution serves {', '.join(SPARSE_VARIANTS)}"
+        )
+    for option in UNSUPPORTED_OPTIONS:
+        if getattr(model_config, option, None):
+            return f"sparse attention runs on SDPA, which has no {option} (set in this model's config)"
+    return None
+
+
+def register_attention_implementation() -> None:
+    """Make `hf_gate_attention_sparse` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, sparse_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+def _mask_rows(attention_mask, b: int, rows, query_length: int, key_length: int, causal: bool):
+    """The mask of sequence `b` restricted to the query `rows` (`None`: all rows), SDPA layout `(1, 1, r, S)`.
+
+    Without a mask, transformers' SDPA attention is causal with the upper-left alignment of
+    `is_causal=True` (query `i` sees key `j <= i`); the gathered rows get that mask explicitly."""
+    if attention_mask is None:
+        if rows is None or not causal:
+            return None
+        return (torch.arange(key_length, device=rows.device) <= rows[:, None])[None, None]
+    mask = attention_mask[b : b + 1] if attention_mask.shape[0] > 1 else attention_mask
+    if rows is not None and mask.shape[2] > 1:
+        mask = mask[:, :, rows]
+    return mask
+
+
+def sparse_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """Attention function of sparse top-k patches: query (B, H, L, D), key/value (B, KV, S, D) ->
+    (B, L, H, D), gated; heads top-k dropped are 0."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    block_patch = BLOCK_PATCHES.get(module)
+    if block_patch is None:  # an attention module without gate (e.g. a layer not in GateConfig.layers)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("sparse top-k attention does not support position_bias; patch with sparse=False")
+    gate, keep = block_patch.take_gate()  # (B, L, H, w), (B, L, H)
+    batch, num_heads, query_length, _ = query.shape
+    num_groups, key_length = key.shape[1], key.shape[2]
+    heads_per_group = num_heads // num_groups
+    causal = kwargs.pop("is_causal", None)
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    causal = bool(causal) and query_length > 1
+    group_rows = keep.unflatten(-1, (num_groups, heads_per_group)).amax(-1) > 0  # (B, L, KV)
+    rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
+    if all(count == query_length for counts in rows_per_group for count in counts):  # nothing to skip
+        attended, _ = sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            is_causal=causal,
+            **kwargs,
+        )  # (B, L, H, D)
+        return apply_gate(attended.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
+    out = query.new_zeros(batch, query_length, num_heads, value.shape[-1])
+    for b in range(batch):
+        for g in range(num_groups):
+            count = rows_per_group[b][g]
+            if count == 0:  # no query row of this sequence keeps a head of group g: its KV is never read
+                continue
+            heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
+            rows = None if count == query_length else group_rows[b, :, g].nonzero().squeeze(1)
+            group_query = query[b : b + 1, heads]  # (1, n, L, D)
+            if rows is not None:
+                group_query = group_query[:, :, rows]  # (1, n, r, D)
+            attended, _ = sdpa_attention_forward(
+                module,
+                group_query,
+                key[b : b + 1, g : g + 1],
+                value[b : b + 1, g : g + 1],
+                _mask_rows(attention_mask, b, rows, query_length, key_length, causal),
+                scaling=scaling,
+                dropout=dropout,
+                is_causal=causal,
+                **kwargs,
+            )  # (1, r, n, D)
+            if rows is None:
+                out[b, :, heads] = attended[0]
+            else:
+                out[b, rows, heads] = attended[0]
+    return apply_gate(out.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None

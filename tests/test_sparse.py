@@ -1,0 +1,205 @@
+"""Sparse top-k (`core/sparse.py`) against the masked reference (`patch(..., sparse=False)`): same outputs and
+gradients on every architecture it serves, batches whose sequences keep different heads, padding, KV cache
+and `generate`; and the dropped key/value groups' cache is never read at decode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from helpers import first_output, tiny_inputs, tiny_model
+
+from hf_gate_attention import GateConfig, patch, unpatch
+from hf_gate_attention.core import sparse
+from hf_gate_attention.core.gate import AttentionGate
+
+# 6 query heads in 3 key/value groups of 2, so that top-1 and top-2 of the groups both drop something
+GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 8}
+ARCHITECTURES = {
+    "llama-gqa": ("llama", GQA),
+    "qwen2-qkv-bias": ("qwen2", GQA),
+    "gemma3-sliding-window": (
+        "gemma3_text",
+        {**GQA, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "phi3-fused-qkv": ("phi3", {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}),
+    "bert": ("bert", {}),
+    "vit": ("vit", {}),
+}
+# (top_k, unit); with 3 groups, top-3 of them keeps everything (the path without any skip)
+SELECTIONS = {
+    "top1-kv_group": (1, "kv_group"),
+    "top2-kv_group": (2, "kv_group"),
+    "top3-kv_group": (3, "kv_group"),
+    "top3-head": (3, "head"),
+}
+
+
+def _inputs(model_type: str) -> dict:
+    """Batch 3 with different paddings: none, 4 left-padded tokens, 2 right-padded tokens."""
+    inputs = tiny_inputs(model_type, batch=3, length=13)
+    if "input_ids" in inputs:
+        mask = torch.ones_like(inputs["input_ids"])
+        mask[1, :4] = 0
+        mask[2, -2:] = 0
+        inputs["attention_mask"] = mask
+    return inputs
+
+
+def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool):
+    """Outputs at the non-padded positions and the gradients of every parameter, the gates seeded alike."""
+    torch.manual_seed(7)
+    patch(model, config, backend="torch", sparse=sparse_mode)
+    model.zero_grad()
+    out = first_output(model(**inputs))
+    rows = inputs["attention_mask"].bool() if "attention_mask" in inputs else slice(None)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    (out * weights)[rows].sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    implementation = model.config._attn_implementation
+    unpatch(model)
+    return out.detach()[rows], grads, implementation
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=list(SELECTIONS))
+@pytest.mark.parametrize("variant", ["output", "qk"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES, ids=list(ARCHITECTURES))
+def test_sparse_matches_masked_forward_and_backward(architecture, variant, selection):
+    model_type, overrides = ARCHITECTURES[architecture]
+    top_k, unit = SELECTIONS[selection]
+    model = tiny_model(model_type, attn_implementation="sdpa", bare=True, **overrides).train()
+    config = GateConfig(variant=variant, init="paper", top_k=top_k, top_k_unit=unit)
+    inputs = _inputs(model_type)
+    expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)
+    out, grads, implementation = _run(model, config, inputs, sparse_mode=True)
+    assert implementation == sparse.ATTN_IMPLEMENTATION
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():  # float32 rounding relative to the gradient's size (up to ~300 here)
+        scale = max(1.0, expected_grads[name].abs().max().item())
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5 * scale, rtol=1e-4, msg=name)
+
+
+def _selections(model, inputs) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The top-k `keep` (B, L, H) of every gated block, in layer order, in one forward of `inputs`, and the
+    outputs of that forward."""
+    kept = []
+    gates = [module for module in model.modules() if isinstance(module, AttentionGate)]
+    for gate in gates:  # an instance attribute over the method, deleted below
+        gate.selection = lambda g, select=gate.selection: kept.append(select(g)) or kept[-1]
+    try:
+        with torch.no_grad():
+            outputs = first_output(model(**inputs))
+    finally:
+        for gate in gates:
+            del gate.selection
+    return kept, outputs
+
+
+def test_kv_group_selection_keeps_or_drops_whole_groups_and_differs_across_the_batch():
+    model = tiny_model("llama", **GQA)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group")
+    kept, _ = _selections(model, _inputs("llama"))
+    assert len(kept) == 2
+    for keep in kept:  # (B, L, 6)
+        groups = keep.unflatten(-1, (3, 2))  # (B, L, KV, 2)
+        assert torch.equal(groups[..., 0], groups[..., 1])  # both heads of a group alike
+        assert torch.equal(groups[..., 0].sum(-1), torch.ones(3, 13))  # exactly one group per token
+        assert len({tuple(row.tolist()) for row in groups[..., 0].flatten(0, 1)}) > 1  # tokens differ
+    # the sequences of the batch do not all keep the same group at their last token
+    assert any(len({tuple(row.tolist()) for row in keep[:, -1]}) > 1 for keep in kept)
+
+
+def _generate(model, config, inputs, sparse_mode, use_cache):
+    torch.manual_seed(7)
+    patch(model, config, backend="torch", sparse=sparse_mode)
+    with torch.no_grad():
+        tokens = model.generate(
+            **inputs, max_new_tokens=6, do_sample=False, use_cache=use_cache, pad_token_id=0
+        )
+        scores = first_output(model(input_ids=tokens, attention_mask=torch.ones_like(tokens)))
+    unpatch(model)
+    return tokens, scores
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+def test_generate_matches_masked_with_left_padding(use_cache):
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
+    inputs = tiny_inputs("llama", batch=3, length=9)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs["attention_mask"][1, :3] = 0  # left padding, as for batched generation
+    inputs["attention_mask"][2, :5] = 0
+    expected_tokens, expected_scores = _generate(model, config, inputs, False, use_cache)
+    tokens, scores = _generate(model, config, inputs, True, use_cache)
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_never_reads_the_cache_of_dropped_groups():
+    """One decode step, then the same step again with NaN in the cache of every group the step dropped (per
+    layer and sequence): identical, finite logits."""
+    model = tiny_model("llama", **GQA)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group")
+    prompt = tiny_inputs("llama", batch=2, length=10)["input_ids"]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    step = {"input_ids": prompt[:, -1:], "past_key_values": cache, "use_cache": True}
+    kept, expected = _selections(model, step)  # per layer (B, 1, 6); logits (B, 1, V)
+    cache.crop(-1)
+    for layer, keep in zip(cache.layers, kept, strict=True):
+        dropped = keep[:, 0].unflatten(-1, (3, 2))[..., 0] == 0  # (B, KV)
+        assert dropped.sum() == 4  # 2 of 3 groups per sequence
+        layer.keys[dropped] = float("nan")
+        layer.values[dropped] = float("nan")
+    with torch.no_grad():
+        logits = model(**step).logits
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_unpatch_restores_the_attention_implementation_and_outputs():
+    model = tiny_model("llama", attn_implementation="eager", **GQA)
+    inputs = _inputs("llama")
+    with torch.no_grad():
+        before = first_output(model(**inputs))
+    patch(model, init="paper", top_k=2, top_k_unit="kv_group")
+    assert model.config._attn_implementation == sparse.ATTN_IMPLEMENTATION
+    unpatch(model)
+    assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        assert torch.equal(first_output(model(**inputs)), before)
+
+
+def test_sparse_none_falls_back_to_masked_where_it_cannot_skip():
+    for config, model in (
+        (GateConfig(variant="value", init="paper", top_k=1), tiny_model("llama")),  # gates the values
+        (GateConfig(init="paper"), tiny_model("llama")),  # no top_k
+        (GateConfig(init="paper", top_k=2), tiny_model("gemma2")),  # attention logit softcapping
+    ):
+        patch(model, config)
+        assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize(
+    ("model_type", "config", "message"),
+    [
+        ("llama", GateConfig(variant="value", top_k=1), "gates the values before they enter the KV cache"),
+        ("llama", GateConfig(), "needs GateConfig.top_k"),
+        ("gemma2", GateConfig(top_k=2), "no attn_logit_softcapping"),
+    ],
+    ids=["value", "no-top_k", "softcapping"],
+)
+def test_sparse_true_says_why_it_cannot_run(model_type, config, message):
+    model = tiny_model(model_type)
+    with pytest.raises(ValueError, match=message):
+        patch(model, config, sparse=True)
+    assert not hasattr(model.model.layers[0].self_attn, "attn_gate")  # nothing half-patched
+
+
+def test_invalid_sparse_values_are_refused():
+    with pytest.raises(ValueError, match="accepted values: None, True, False"):
+        patch(tiny_model("llama"), top_k=1, sparse="yes")
+    with pytest.raises(ValueError, match="top_k=3 exceeds the 2 key/value groups"):
+        patch(tiny_model("llama"), top_k=3, top_k_unit="kv_group")

@@ -222,3 +222,33 @@ def test_config_file_and_overrides(tmp_path):
     config = load_config(None, {"runs": json.dumps(RUNS[1:]), "eval_steps": "null", "learning_rate": "3e-4"})
     assert config.baseline is None and config.eval_steps is None and config.learning_rate == 3e-4
     assert RecipeConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_resume_may_append_runs_and_reads_configs_saved_by_older_versions(tmp_path):
+    runs = [{"name": "baseline", "gate": None}, {"name": "gated", "gate": {"variant": "output"}}]
+    config = RecipeConfig.from_dict({"output_dir": str(tmp_path), "runs": runs})
+    claim_run_dir(config)
+    (config.run_dir / "baseline").mkdir()
+    saved = json.loads((config.run_dir / "config.json").read_text())
+    gate = saved["runs"][1]["gate"]
+    del gate["top_k_unit"]  # as 0.1.0 wrote it: no top_k_unit, a backend entry
+    gate["backend"] = "auto"
+    (config.run_dir / "config.json").write_text(json.dumps(saved))
+
+    def with_runs(more: list[dict], resume: bool = True) -> RecipeConfig:
+        keys = {"output_dir": str(tmp_path), "runs": more, "resume": resume}
+        return RecipeConfig.from_dict(keys)
+
+    check_run_dir(with_runs(runs))
+    sparse = {"name": "sparse", "gate": {"variant": "output", "top_k": 1, "top_k_unit": "kv_group"}}
+    check_run_dir(with_runs([*runs, sparse]))  # appended: trained on resume, the others kept
+    with pytest.raises(FileExistsError, match="already holds this run"):
+        check_run_dir(with_runs(runs, resume=False))
+    for changed, resume in (
+        ([*runs, sparse], False),  # appending needs --resume
+        ([runs[0]], True),  # a run removed
+        ([sparse, *runs], True),  # not appended at the end
+        ([runs[0], {**runs[1], "gate": {"variant": "qk"}}], True),  # a run changed
+    ):
+        with pytest.raises(FileExistsError, match=r"different run \(runs:"):
+            check_run_dir(with_runs(changed, resume))

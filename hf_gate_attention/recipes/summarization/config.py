@@ -22,6 +22,7 @@ TRAIN_MODES = ("full", "gates", "gates+lora")
 INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume")
 # Keys that `--resume` may change: they extend the training budget or only touch bookkeeping.
 RESUMABLE_KEYS = (
+    "runs",  # only by appending new runs
     "max_steps",
     "num_train_epochs",
     "save_steps",
@@ -78,7 +79,8 @@ class RecipeConfig:
         output_dir (`str`, defaults to `"results"`): parent folder of the results folders.
         overwrite (`bool`): delete what `<output_dir>/<name>/` holds and start over.
         resume (`bool`): continue the run in `<output_dir>/<name>/`: finished trainings are kept, interrupted
-            ones restart from their last checkpoint. Only the keys in `RESUMABLE_KEYS` may change.
+            ones restart from their last checkpoint. Only the keys in `RESUMABLE_KEYS` may change (`runs`
+            only by appending new runs, which are trained; the others are kept).
         runs (`list`): the compared models, each `{name, gate}`; `gate` is a `GateConfig` mapping, or null for
             the ungated baseline (at most one; deltas and speed ratios are computed against it).
 
@@ -323,8 +325,22 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return RecipeConfig.from_dict({**data, **(overrides or {})})
 
 
+def _saved_runs(runs: list[dict]) -> list[dict]:
+    """Runs of a saved config as the current version writes them (older gate fields read by `from_saved`)."""
+    return [
+        RunSpec(run["name"], None if run["gate"] is None else GateConfig.from_saved(run["gate"])).to_dict()
+        for run in runs
+    ]
+
+
 def identity_differences(saved: dict, current: RecipeConfig, allowed: tuple[str, ...] = ()) -> list[str]:
-    """Keys (beyond `INVOCATION_KEYS` and `allowed`) whose values differ in a saved config and `current`."""
+    """Keys (beyond `INVOCATION_KEYS` and `allowed`) whose values differ in a saved config and `current`.
+
+    `runs` is compared as the current version writes it; with `"runs"` in `allowed` the current runs may
+    extend the saved ones (new runs appended at the end, the saved ones unchanged)."""
     now = json.loads(json.dumps(current.to_dict()))
-    keys = sorted((set(saved) | set(now)) - set(INVOCATION_KEYS) - set(allowed))
+    saved = {**saved, "runs": _saved_runs(saved.get("runs") or [])}
+    if "runs" in allowed and now["runs"][: len(saved["runs"])] == saved["runs"]:
+        now["runs"] = saved["runs"]
+    keys = sorted((set(saved) | set(now)) - set(INVOCATION_KEYS) - (set(allowed) - {"runs"}))
     return [key for key in keys if saved.get(key) != now.get(key)]

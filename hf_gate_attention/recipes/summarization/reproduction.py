@@ -110,11 +110,14 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "- The article does not state its model, data or budget; this run fine-tunes a pretrained 135M model "
         "with gates added at identity, which is not the paper's setting (gates trained from scratch). The "
         "paper's own appendix finds little change when gates are added during continued training.",
-        "- The gate adds a projection and a multiply; on the torch path nothing is skipped (top-k would zero "
-        "heads, not skip them), so a speed-up is not expected here. CPU timings are noisy even interleaved.",
+        "- A dense gate adds a projection and a multiply and skips nothing, so a speed-up is not expected "
+        "from it. A run with `top_k` (variants `output`/`qk`) skips the attention of the heads or key/value "
+        "groups it drops (`hf_gate_attention/core/sparse.py`); the projections and the rest of the layer "
+        "still run, so the saving grows with the context and is small at these prompt lengths "
+        "(`benchmarks/decode.py` measures it up to 8k tokens). CPU timings are noisy even interleaved.",
         "- A GPU-scale run would use `recipes/summarization/configs/gpu.yaml`: SmolLM2-1.7B-Instruct, "
         "GovReport (`ccdv/govreport-summarization`), 7,160-token prompts (head+tail), up to 1,024 summary "
-        "tokens, bf16, one epoch, the full 973-report test split, the same four runs:",
+        "tokens, bf16, one epoch, the full 973-report test split, the four dense runs:",
         "",
         "```bash",
         GPU_COMMAND,

@@ -25,8 +25,10 @@ def signed_percent(value: float | None) -> str:
 
 
 def gate_label(gate: dict | None, baseline: str = "none (baseline)") -> str:
-    """`variant/granularity[ top-k]` of a gate config dict; `baseline` for `None`."""
+    """`variant/granularity[ top-k[ kv groups]]` of a gate config dict; `baseline` for `None`."""
     if gate is None:
         return baseline
     label = f"{gate['variant']}/{gate['granularity']}"
-    return label + (f" top-{gate['top_k']}" if gate.get("top_k") else "")
+    if gate.get("top_k"):
+        label += f" top-{gate['top_k']}" + (" kv groups" if gate.get("top_k_unit") == "kv_group" else "")
+    return label

@@ -110,53 +110,76 @@ def test_kv_group_selection_keeps_or_drops_whole_groups_and_differs_across_the_b
     assert any(len({tuple(row.tolist()) for row in keep[:, -1]}) > 1 for keep in kept)
 
 
-def _generate(model, config, inputs, sparse_mode, use_cache):
+def _generate(model, config, inputs, sparse_mode, cache):
     torch.manual_seed(7)
     patch(model, config, backend="torch", sparse=sparse_mode)
+    options = {"use_cache": cache != "none"}
+    if cache == "static":
+        options["cache_implementation"] = "static"
     with torch.no_grad():
-        tokens = model.generate(
-            **inputs, max_new_tokens=6, do_sample=False, use_cache=use_cache, pad_token_id=0
-        )
+        tokens = model.generate(**inputs, max_new_tokens=6, do_sample=False, pad_token_id=0, **options)
         scores = first_output(model(input_ids=tokens, attention_mask=torch.ones_like(tokens)))
     unpatch(model)
     return tokens, scores
 
 
-@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-def test_generate_matches_masked_with_left_padding(use_cache):
-    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+@pytest.mark.parametrize("architecture", ["llama-gqa", "qwen2-qkv-bias", "gemma3-sliding-window"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("cache", ["dynamic", "static", "none"])
+def test_generate_matches_masked_with_left_padding(architecture, cache, batch):
+    model_type, overrides = ARCHITECTURES[architecture]
+    model = tiny_model(model_type, attn_implementation="sdpa", **overrides)
     config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
-    inputs = tiny_inputs("llama", batch=3, length=9)
+    inputs = tiny_inputs(model_type, batch=batch, length=9)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    inputs["attention_mask"][1, :3] = 0  # left padding, as for batched generation
-    inputs["attention_mask"][2, :5] = 0
-    expected_tokens, expected_scores = _generate(model, config, inputs, False, use_cache)
-    tokens, scores = _generate(model, config, inputs, True, use_cache)
+    inputs["attention_mask"][1:, :3] = 0  # left padding, as for batched generation
+    inputs["attention_mask"][2:, :5] = 0
+    expected_tokens, expected_scores = _generate(model, config, inputs, False, cache)
+    tokens, scores = _generate(model, config, inputs, True, cache)
     assert torch.equal(tokens, expected_tokens)
     torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
 
 
-def test_decode_never_reads_the_cache_of_dropped_groups():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     """One decode step, then the same step again with NaN in the cache of every group the step dropped (per
-    layer and sequence): identical, finite logits."""
+    layer and sequence) and, for a single sequence, in the dropped heads' rows of the query projection and
+    columns of the output projection: identical, finite logits."""
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group")
-    prompt = tiny_inputs("llama", batch=2, length=10)["input_ids"]
+    prompt = tiny_inputs("llama", batch=batch, length=10)["input_ids"]
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
     step = {"input_ids": prompt[:, -1:], "past_key_values": cache, "use_cache": True}
     kept, expected = _selections(model, step)  # per layer (B, 1, 6); logits (B, 1, V)
     cache.crop(-1)
-    for layer, keep in zip(cache.layers, kept, strict=True):
-        dropped = keep[:, 0].unflatten(-1, (3, 2))[..., 0] == 0  # (B, KV)
-        assert dropped.sum() == 4  # 2 of 3 groups per sequence
-        layer.keys[dropped] = float("nan")
-        layer.values[dropped] = float("nan")
     with torch.no_grad():
+        for layer, cached, keep in zip(model.model.layers, cache.layers, kept, strict=True):
+            dropped = keep[:, 0].unflatten(-1, (3, 2))[..., 0] == 0  # (B, KV)
+            assert torch.equal(dropped.sum(-1), torch.full((batch,), 2))  # 2 of 3 groups per sequence
+            cached.keys[dropped] = float("nan")
+            cached.values[dropped] = float("nan")
+            if batch == 1:
+                channels = (keep[0, 0] == 0).repeat_interleave(8)  # (H*D,) of the dropped heads
+                layer.self_attn.q_proj.weight[channels] = float("nan")
+                layer.self_attn.o_proj.weight[:, channels] = float("nan")
         logits = model(**step).logits
     assert torch.isfinite(logits).all()
     torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_single_sequence_decode_projections_are_instance_level_and_removed_by_unpatch():
+    model = tiny_model("llama", **GQA)
+    attention = model.model.layers[0].self_attn
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group")
+    assert "forward" in attention.q_proj.__dict__ and "forward" in attention.o_proj.__dict__
+    assert "forward" not in attention.k_proj.__dict__
+    assert "forward" not in tiny_model("llama").model.layers[0].self_attn.q_proj.__dict__  # no class patch
+    unpatch(model)
+    assert not any("forward" in module.__dict__ for module in model.modules())
+    patch(model, variant="qk", init="paper", top_k=1, top_k_unit="kv_group")  # qk needs every query
+    assert "forward" not in attention.q_proj.__dict__ and "forward" in attention.o_proj.__dict__
 
 
 def test_unpatch_restores_the_attention_implementation_and_outputs():
@@ -203,3 +226,37 @@ def test_invalid_sparse_values_are_refused():
         patch(tiny_model("llama"), top_k=1, sparse="yes")
     with pytest.raises(ValueError, match="top_k=3 exceeds the 2 key/value groups"):
         patch(tiny_model("llama"), top_k=3, top_k_unit="kv_group")
+
+
+@pytest.mark.parametrize("order", ["lora-then-patch", "patch-then-lora"])
+def test_peft_lora_on_the_projections_keeps_sparse_decode_exact(order):
+    """LoRA on q_proj/o_proj (random, non-zero B), before or after patching: single-sequence decode through
+    the sparse path (whose partial projections then sit inside the LoRA wrapper, or are not installed)
+    equals the masked reference."""
+    peft = pytest.importorskip("peft")
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
+    inputs = tiny_inputs("llama", batch=1, length=9)
+    results = []
+    for sparse_mode in (False, True):
+        model = tiny_model("llama", **GQA)
+        lora = peft.LoraConfig(r=2, target_modules=["q_proj", "o_proj"], init_lora_weights=False)
+        if order == "lora-then-patch":
+            model = peft.get_peft_model(model, lora)
+        torch.manual_seed(7)
+        patch(model, config, backend="torch", sparse=sparse_mode)
+        if order == "patch-then-lora":
+            torch.manual_seed(11)
+            model = peft.get_peft_model(model, lora)
+        with torch.no_grad():
+            results.append(
+                model.generate(
+                    **inputs,
+                    max_new_tokens=5,
+                    do_sample=False,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                )
+            )
+    expected, got = results
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=1e-5, rtol=1e-5)

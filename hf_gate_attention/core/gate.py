@@ -126,9 +126,9 @@ class AttentionGate(nn.Module):
 
     def selection(self, gate: torch.Tensor) -> torch.Tensor:
         """The top-k 0/1 selection `(..., G)` for gate values `gate: (..., G, w)`."""
-        score = gate.mean(-1)  # (..., G)
-        if self.heads_per_unit > 1:
-            score = score.unflatten(-1, (-1, self.heads_per_unit)).mean(-1)  # (..., KV)
+        score = gate[..., 0] if self.width == 1 else gate.mean(-1)  # (..., G)
+        if self.heads_per_unit > 1:  # the sum ranks the units as the mean does, in one op fewer
+            score = score.unflatten(-1, (-1, self.heads_per_unit)).sum(-1)  # (..., KV)
         keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
         return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
 

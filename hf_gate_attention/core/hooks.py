@@ -179,8 +179,11 @@ class _BlockPatch:
 
     def take_gate(self):
         """For an attention function that applies the gate itself: `(gate (B, L, H, w), keep (B, L, H) or
-        None)`, float32, `gate` already multiplied by `keep`."""
-        gate, keep = self._gate().with_selection(**self._take_inputs())
+        None)`, float32, `gate` already multiplied by `keep` (computed earlier by a projection that needed the
+        selection, if one stashed it as `gate`)."""
+        inputs = self._take_inputs()
+        precomputed = self.stash.pop("gate", None)
+        gate, keep = precomputed if precomputed is not None else self._gate().with_selection(**inputs)
         self.stash["fused"] = True
         return gate, keep
 

@@ -100,6 +100,9 @@ def patch(
     setattr(base, _BACKEND_ATTRIBUTE, resolved)
     for name, method in _INSTANCE_METHODS.items():
         setattr(base, name, MethodType(method, base))
+    if attention is sparse_module:
+        for block_patch in getattr(base, PATCHES_ATTRIBUTE):
+            sparse_module.skip_decode_projections(block_patch)
     if attention is not None:
         attention.register_attention_implementation()
         setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
@@ -130,6 +133,7 @@ def unpatch(model: nn.Module) -> nn.Module:
         raise ValueError("this model is not patched with gated attention")
     for block_patch in getattr(base, PATCHES_ATTRIBUTE):
         block_patch.remove()
+        sparse_module.restore_projections(block_patch.block)
         delattr(block_patch.block, GATE_MODULE_NAME)
     delattr(base, PATCHES_ATTRIBUTE)
     delattr(base, _BACKEND_ATTRIBUTE)

@@ -11,24 +11,31 @@ and key/value group, only for the query rows that keep at least one head of the 
 - Prefill and training: the kept query rows of each group are gathered, with their rows of the causal,
   padding or sliding-window mask; gradients flow through the gather like through the masked reference.
 
-Not skipped: the query/key/value and output projections run for every head (keys and values must be written
-for every group; the projections are a few % of a long-context decode step), and, with
+- Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
+  heads (variant `output`, whose gate is computed from the projection's input first) and the output
+  projection only their columns (`skip_decode_projections`; plain `nn.Linear` projections only).
+
+Not skipped: the key/value projections (keys and values are written for every group), the query and output
+projections of batches and prompts (the kept heads change from token to token), and, with
 `top_k_unit="head"`, the dropped heads of a group that some head keeps. Outputs equal the masked reference up
-to the rounding of SDPA on other shapes (< 1e-5 in float32).
+to the rounding of SDPA and matmuls on other shapes (< 1e-5 in float32).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .gate import apply_gate
-from .hooks import BLOCK_PATCHES
+from .hooks import BLOCK_PATCHES, GATE_MODULE_NAME
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
 SPARSE_VARIANTS = ("output", "qk")
 # attention options SDPA (and so this path) does not have
 UNSUPPORTED_OPTIONS = ("attn_logit_softcapping",)
+# marks the `forward` this module sets on a projection instance (`skip_decode_projections`)
+_OURS = "_hf_gate_attention_decode_projection"
 
 
 def sparse_unavailable_reason(variant: str, top_k: int | None, model_config) -> str | None:
@@ -98,6 +105,8 @@ def sparse_attention_forward(
     causal = kwargs.pop("is_causal", None)
     causal = getattr(module, "is_causal", True) if causal is None else causal
     causal = bool(causal) and query_length > 1
+    if batch * query_length == 1 and not kwargs.get("output_attentions"):
+        return _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep, scaling, dropout)
     group_rows = keep.unflatten(-1, (num_groups, heads_per_group)).amax(-1) > 0  # (B, L, KV)
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
     if all(count == query_length for counts in rows_per_group for count in counts):  # nothing to skip
@@ -140,3 +149,106 @@ def sparse_attention_forward(
             else:
                 out[b, rows, heads] = attended[0]
     return apply_gate(out.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
+
+
+def _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep, scaling, dropout):
+    """Decode of one sequence: query (1, H, 1, D), key/value (1, KV, S, D) -> (1, 1, H, D), gated. One SDPA
+    call per run of consecutive kept groups (`enable_gqa`: each query head its own work item, so that the CPU
+    kernel spreads them over threads); the kept heads are stashed for the output projection."""
+    num_heads, num_groups = query.shape[1], key.shape[1]
+    heads_per_group = num_heads // num_groups
+    kept_heads = (keep.flatten() > 0).tolist()  # (H,)
+    kept_groups = [
+        any(kept_heads[g * heads_per_group : (g + 1) * heads_per_group]) for g in range(num_groups)
+    ]
+    out = query.new_zeros(num_heads, value.shape[-1])
+    for groups in _head_runs(kept_groups, 1):  # slices of group indices
+        heads = slice(groups.start * heads_per_group, groups.stop * heads_per_group)
+        out[heads] = F.scaled_dot_product_attention(
+            query[:, heads],
+            key[:, groups],
+            value[:, groups],
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=True,
+        )[0, :, 0]  # (r * n, D)
+    block_patch.stash["kept_heads"] = kept_heads
+    return apply_gate(out.view(1, 1, -1), gate).unflatten(-1, (num_heads, -1)), None
+
+
+def _head_runs(kept: list[bool], head_dim: int) -> list[slice]:
+    """Channel slices `[start * D, end * D)` of the runs of consecutive kept heads."""
+    runs, start = [], None
+    for head, keep in enumerate([*kept, False]):
+        if keep and start is None:
+            start = head
+        elif not keep and start is not None:
+            runs.append(slice(start * head_dim, head * head_dim))
+            start = None
+    return runs
+
+
+def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int):
+    """`forward` of the query projection: for one token, the gate and top-k selection are computed from the
+    input first (stashed for the attention function) and only the kept heads' rows are projected."""
+
+    def forward(x):  # x: (..., hidden)
+        block_patch.stash.pop("gate", None)
+        if x.shape[:-1].numel() != 1:
+            return F.linear(x, module.weight, module.bias)
+        gate, keep = getattr(block_patch.block, GATE_MODULE_NAME).with_selection(x=x)
+        block_patch.stash["gate"] = (gate, keep)
+        out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)
+        bias = module.bias
+        for rows in _head_runs((keep.flatten() > 0).tolist(), head_dim):
+            out[..., rows] = F.linear(x, module.weight[rows], None if bias is None else bias[rows])
+        return out
+
+    return forward
+
+
+def _partial_output(module: nn.Linear, block_patch, head_dim: int):
+    """`forward` of the output projection: after `_decode_one_token`, only the columns of the kept heads (the
+    dropped heads' inputs are exactly 0, so the result is the same)."""
+
+    def forward(x):  # x: (..., H*D)
+        kept = block_patch.stash.pop("kept_heads", None)
+        if kept is None or x.shape[:-1].numel() != 1 or all(kept):
+            return F.linear(x, module.weight, module.bias)
+        out = module.bias.expand(*x.shape[:-1], -1) if module.bias is not None else None
+        for columns in _head_runs(kept, head_dim):
+            part = F.linear(x[..., columns], module.weight[:, columns])
+            out = part if out is None else out + part
+        return out if out is not None else F.linear(x, module.weight, module.bias)
+
+    return forward
+
+
+def _replaceable(module: nn.Module) -> bool:
+    """A plain `nn.Linear` whose `forward` nobody replaced (e.g. accelerate's offloading hooks)."""
+    return type(module) is nn.Linear and "forward" not in module.__dict__
+
+
+def skip_decode_projections(block_patch) -> None:
+    """Give the block's query (variant `output`, separate projection) and output projections the partial
+    single-token `forward`s above, on these instances only (`restore_projections` removes them)."""
+    block, family = block_patch.block, block_patch.family
+    gate = getattr(block, GATE_MODULE_NAME)
+    num_heads, head_dim = gate.num_heads, gate.head_dim
+    replacements = {family.output: lambda module: _partial_output(module, block_patch, head_dim)}
+    if block_patch.variant == "output" and not family.fused_qkv:
+        replacements[family.query] = lambda module: _partial_query(module, block_patch, num_heads, head_dim)
+    for path, make in replacements.items():
+        module = block.get_submodule(path)
+        if _replaceable(module):
+            forward = make(module)
+            setattr(forward, _OURS, True)
+            module.forward = forward
+
+
+def restore_projections(block: nn.Module) -> None:
+    """Remove the `forward`s `skip_decode_projections` set in `block`."""
+    for module in block.modules():
+        if getattr(module.__dict__.get("forward"), _OURS, False):
+            del module.forward

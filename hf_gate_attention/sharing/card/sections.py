@@ -310,8 +310,8 @@ def limitations(ckpt: dict, res: dict | None) -> str:
             else "The value gate's selection is a mask: it saves no compute."
         )
         items.append(
-            f"`top_k={gate.top_k}` keeps, per token, the {gate.top_k} {units} with the largest gate values and "
-            f"gives the others exact zeros. {saving}"
+            f"`top_k={gate.top_k}` keeps, per token, the {gate.top_k} {units} with the largest gate values "
+            f"and gives the others exact zeros. {saving}"
         )
     items.append(
         "The paper trained gates from scratch at scale. Its appendix reports that adding gates during "

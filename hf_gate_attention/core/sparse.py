@@ -199,9 +199,12 @@ def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int
             return F.linear(x, module.weight, module.bias)
         gate, keep = getattr(block_patch.block, GATE_MODULE_NAME).with_selection(x=x)
         block_patch.stash["gate"] = (gate, keep)
+        kept = (keep.flatten() > 0).tolist()
+        if all(kept):
+            return F.linear(x, module.weight, module.bias)
         out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)
         bias = module.bias
-        for rows in _head_runs((keep.flatten() > 0).tolist(), head_dim):
+        for rows in _head_runs(kept, head_dim):
             out[..., rows] = F.linear(x, module.weight[rows], None if bias is None else bias[rows])
         return out
 

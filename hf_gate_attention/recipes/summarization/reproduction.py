@@ -43,6 +43,26 @@ def _setup(config: dict, baseline: dict) -> str:
     return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows.items())])
 
 
+def _validation_losses(metrics: dict[str, dict]) -> list[str]:
+    """A table of each run's last validation loss (none if no run was evaluated)."""
+    rows = []
+    for name, run in metrics.items():
+        evaluations = [e for e in run["training"]["log_history"] if "eval_loss" in e]
+        if evaluations:
+            last = evaluations[-1]
+            rows.append(f"| {name} | {last['eval_loss']:.3f} | {last['step']} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Validation loss (token cross-entropy on the validation examples, last evaluation of the training)",
+        "",
+        "| run | validation loss | step |",
+        "|---|---:|---:|",
+        *rows,
+    ]
+
+
 def reproduction_report(results: str | Path, command: str) -> str:
     """Markdown: the claims, the setup, the measured tables and a verdict per claim and gated run."""
     results = Path(results)
@@ -102,6 +122,7 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "## Measured",
         "",
         markdown_table(rows, config["confidence"]).rstrip(),
+        *_validation_losses(metrics),
         "",
         "Plots: `loss_curves.png`, `rouge.png`, `speed.png` in the results folder.",
         "",

@@ -58,3 +58,13 @@ def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):
         reproduction_report(results, "cmd")
     assert main([str(results), "--out", str(tmp_path / "x.md")]) == 2
     assert "no baseline run" in capsys.readouterr().err and not (tmp_path / "x.md").exists()
+
+
+def test_validation_losses_table_lists_the_last_evaluation_of_each_evaluated_run():
+    from hf_gate_attention.recipes.summarization.reproduction import _validation_losses
+
+    history = [{"loss": 3.0, "step": 1}, {"eval_loss": 2.5, "step": 2}, {"eval_loss": 2.25, "step": 4}]
+    metrics = {"a": {"training": {"log_history": history}}, "b": {"training": {"log_history": history[:1]}}}
+    lines = _validation_losses(metrics)
+    assert lines[-1] == "| a | 2.250 | 4 |" and not any(line.startswith("| b |") for line in lines)
+    assert _validation_losses({"b": metrics["b"]}) == []

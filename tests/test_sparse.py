@@ -52,7 +52,8 @@ def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool):
     patch(model, config, backend="torch", sparse=sparse_mode)
     model.zero_grad()
     out = first_output(model(**inputs))
-    rows = inputs["attention_mask"].bool() if "attention_mask" in inputs else slice(None)
+    mask = inputs.get("attention_mask")
+    rows = mask.bool() if mask is not None and out.shape[:2] == mask.shape else slice(None)  # per token
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     (out * weights)[rows].sum().backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -64,10 +65,11 @@ def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool):
 @pytest.mark.parametrize("selection", SELECTIONS, ids=list(SELECTIONS))
 @pytest.mark.parametrize("variant", ["output", "qk"])
 @pytest.mark.parametrize("architecture", ARCHITECTURES, ids=list(ARCHITECTURES))
-def test_sparse_matches_masked_forward_and_backward(architecture, variant, selection):
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
+def test_sparse_matches_masked_forward_and_backward(bare, architecture, variant, selection):
     model_type, overrides = ARCHITECTURES[architecture]
     top_k, unit = SELECTIONS[selection]
-    model = tiny_model(model_type, attn_implementation="sdpa", bare=True, **overrides).train()
+    model = tiny_model(model_type, attn_implementation="sdpa", bare=bare, **overrides).train()
     config = GateConfig(variant=variant, init="paper", top_k=top_k, top_k_unit=unit)
     inputs = _inputs(model_type)
     expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)

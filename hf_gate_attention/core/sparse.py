@@ -10,7 +10,6 @@ and key/value group, only for the query rows that keep at least one head of the 
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache.
 - Prefill and training: the kept query rows of each group are gathered, with their rows of the causal,
   padding or sliding-window mask; gradients flow through the gather like through the masked reference.
-
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
   heads (variant `output`, whose gate is computed from the projection's input first) and the output
   projection only their columns (`skip_decode_projections`; plain `nn.Linear` projections only).
@@ -162,7 +161,7 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep
         any(kept_heads[g * heads_per_group : (g + 1) * heads_per_group]) for g in range(num_groups)
     ]
     out = query.new_zeros(num_heads, value.shape[-1])
-    for groups in _head_runs(kept_groups, 1):  # slices of group indices
+    for groups in _runs(kept_groups, 1):  # slices of group indices
         heads = slice(groups.start * heads_per_group, groups.stop * heads_per_group)
         out[heads] = F.scaled_dot_product_attention(
             query[:, heads],
@@ -177,14 +176,14 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep
     return apply_gate(out.view(1, 1, -1), gate).unflatten(-1, (num_heads, -1)), None
 
 
-def _head_runs(kept: list[bool], head_dim: int) -> list[slice]:
-    """Channel slices `[start * D, end * D)` of the runs of consecutive kept heads."""
+def _runs(kept: list[bool], width: int) -> list[slice]:
+    """Slices `[start * width, end * width)` of the runs of consecutive kept entries (heads or groups)."""
     runs, start = [], None
-    for head, keep in enumerate([*kept, False]):
+    for index, keep in enumerate([*kept, False]):
         if keep and start is None:
-            start = head
+            start = index
         elif not keep and start is not None:
-            runs.append(slice(start * head_dim, head * head_dim))
+            runs.append(slice(start * width, index * width))
             start = None
     return runs
 
@@ -204,7 +203,7 @@ def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int
             return F.linear(x, module.weight, module.bias)
         out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)
         bias = module.bias
-        for rows in _head_runs(kept, head_dim):
+        for rows in _runs(kept, head_dim):
             out[..., rows] = F.linear(x, module.weight[rows], None if bias is None else bias[rows])
         return out
 
@@ -219,11 +218,8 @@ def _partial_output(module: nn.Linear, block_patch, head_dim: int):
         kept = block_patch.stash.pop("kept_heads", None)
         if kept is None or x.shape[:-1].numel() != 1 or all(kept):
             return F.linear(x, module.weight, module.bias)
-        out = module.bias.expand(*x.shape[:-1], -1) if module.bias is not None else None
-        for columns in _head_runs(kept, head_dim):
-            part = F.linear(x[..., columns], module.weight[:, columns])
-            out = part if out is None else out + part
-        return out if out is not None else F.linear(x, module.weight, module.bias)
+        out = sum(F.linear(x[..., columns], module.weight[:, columns]) for columns in _runs(kept, head_dim))
+        return out if module.bias is None else out + module.bias
 
     return forward
 

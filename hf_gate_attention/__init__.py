@@ -6,12 +6,15 @@
 The package, by room (imports flow down this list only):
 
 - `cli`, `demo`: the command line on top of everything below.
-- `recipes`: the recipes' library code (summarization fine-tuning, evaluation); needs the `[recipes]` extra.
+- `recipes`: the recipes' library code (summarization fine-tuning and evaluation, the from-scratch
+  pretraining study); needs the `[recipes]` extra.
+- `diagnostics`: attention sinks, massive activations and gate statistics (`diagnose`), their plots, and
+  a Trainer callback.
 - `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
 - `kernels`: fused Triton kernels beside their PyTorch references, custom ops, dispatch.
 - `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
-- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`: shared helpers (atomic files and
-  JSON, tables, the article's claims, peak memory, offline model copies and their names).
+- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`: shared helpers (atomic
+  files and JSON, tables, the article's claims, peak memory, offline model copies and their names, PNGs).
 
 `import hf_gate_attention` loads only `core`; the sharing names below are imported on first use.
 """

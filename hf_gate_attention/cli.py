@@ -1,10 +1,11 @@
-"""`hf-gate-attention`: patch, summarize, card, push and info from the command line.
+"""`hf-gate-attention`: patch, summarize, diagnose, card, push and info from the command line.
 
 hf-gate-attention patch HuggingFaceTB/SmolLM2-135M-Instruct smollm2-gated --variant output
 hf-gate-attention info smollm2-gated
 hf-gate-attention card smollm2-gated --results results/reproduce
 hf-gate-attention push smollm2-gated me/smollm2-gated --private
 hf-gate-attention summarize --config recipes/summarization/configs/demo.yaml
+hf-gate-attention diagnose SmolLM2-135M-Instruct smollm2-gated --out diagnostics/
 """
 
 from __future__ import annotations
@@ -200,6 +201,91 @@ def _add_card_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", action="append", help="Hub dataset id used for training (repeatable)")
 
 
+def _read_texts(path: str) -> list[str]:
+    """Documents of a `.jsonl` file (field `text` or `document`) or of a text file (one per line)."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"text file {path!r} does not exist")
+    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if file.suffix != ".jsonl":
+        return lines
+    texts = []
+    for number, line in enumerate(lines, 1):
+        row = json.loads(line)
+        text = row.get("text", row.get("document")) if isinstance(row, dict) else None
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' or 'document' string")
+        texts.append(text)
+    return texts
+
+
+def _diagnosis_inputs(args, model_path: str) -> list[dict]:
+    """The inputs of `diagnose` from --text-file, --dataset or --images, at most --max-inputs, prepared by
+    the tokenizer (image processor) of --tokenizer or else of the model."""
+    import transformers
+
+    from .diagnostics import image_inputs, text_inputs
+    from .offline import resolve_model
+
+    model_path = resolve_model(args.tokenizer) if args.tokenizer else model_path
+    if args.images:
+        from PIL import Image
+
+        processor = transformers.AutoImageProcessor.from_pretrained(model_path)
+        files = [Path(p) for p in args.images]
+        missing = [str(p) for p in files if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"image file(s) not found: {', '.join(missing)}")
+        return image_inputs(processor, [Image.open(p).convert("RGB") for p in files[: args.max_inputs]])
+    if args.text_file:
+        texts = _read_texts(args.text_file)
+    else:
+        from .recipes.summarization.data import load_summarization_dataset
+
+        texts = load_summarization_dataset(args.dataset, splits=["test"])["test"]["document"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    inputs = text_inputs(tokenizer, texts, args.max_length, min_length=args.skip_queries + 4)
+    if not inputs:
+        raise ValueError(f"no text has at least {args.skip_queries + 4} tokens to diagnose")
+    return inputs[: args.max_inputs]
+
+
+def _load_for_diagnosis(name_or_path: str, attn_implementation: str):
+    """`(model in float32, its local path)`, gated or not."""
+    from .offline import resolve_model
+    from .sharing.loading import load_model
+
+    path = resolve_model(name_or_path)
+    model = load_model(path, backend="torch", dtype=torch.float32, attn_implementation=attn_implementation)
+    return model, path
+
+
+def cmd_diagnose(args) -> None:
+    """Diagnose one or several models on the same inputs; write JSON/PNG per model and a summary table."""
+    from .diagnostics import diagnose
+    from .diagnostics.report import plot_layers, summary_table, write_diagnosis
+    from .files import atomic_write_text
+
+    labels = args.labels.split(",") if args.labels else [Path(m.rstrip("/")).name for m in args.models]
+    if args.labels and len(labels) != len(args.models):
+        raise ValueError(f"--labels has {len(labels)} names for {len(args.models)} models")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"model labels must be unique, got {labels}; pass --labels")
+    out = Path(args.out)
+    results = {}
+    for label, name in zip(labels, args.models, strict=True):
+        model, path = _load_for_diagnosis(name, args.attn_implementation)
+        inputs = _diagnosis_inputs(args, path)
+        results[label] = diagnose(model, inputs, skip_queries=args.skip_queries, progress=True)
+        files = write_diagnosis(results[label], out / label if len(args.models) > 1 else out, title=label)
+        print(f"{label}: wrote {', '.join(str(f) for f in files)}")
+    summary = summary_table({label: result["summary"] for label, result in results.items()})
+    if len(results) > 1:
+        plot_layers(results, out / "layers.png")
+        atomic_write_text(out / "summary.md", summary + "\n")
+    print(summary)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -243,6 +329,29 @@ def build_parser() -> argparse.ArgumentParser:
     push_parser.add_argument("--create-pr", action="store_true", help="open a pull request instead")
     push_parser.add_argument("--token", help="Hub token (default: HF_TOKEN or `hf auth login`)")
     push_parser.set_defaults(func=cmd_push)
+
+    diagnose_parser = commands.add_parser(
+        "diagnose", help="attention sink, massive activations and gate statistics of models on real inputs"
+    )
+    diagnose_parser.add_argument("models", nargs="+", help="model folders or Hub ids, gated or not")
+    diagnose_parser.add_argument("--out", required=True, help="folder for diagnostics.json and the PNGs")
+    source = diagnose_parser.add_mutually_exclusive_group()
+    source.add_argument("--text-file", help="a .jsonl file (field text) or a text file (a document per line)")
+    source.add_argument(
+        "--dataset",
+        default="aclsum",
+        help="summarization dataset whose test documents are read (default aclsum: paper bodies)",
+    )
+    source.add_argument("--images", nargs="+", help="image files (vision models)")
+    diagnose_parser.add_argument("--max-inputs", type=int, default=8, help="inputs to diagnose (default 8)")
+    diagnose_parser.add_argument("--max-length", type=int, default=512, help="tokens per text (default 512)")
+    diagnose_parser.add_argument("--skip-queries", type=int, default=4, help="first queries left out (4)")
+    diagnose_parser.add_argument("--labels", help="comma-separated names of the models in the outputs")
+    diagnose_parser.add_argument(
+        "--tokenizer", help="where the tokenizer / image processor is, when not saved with the models"
+    )
+    diagnose_parser.add_argument("--attn-implementation", default="sdpa", help="sdpa (default), eager, ...")
+    diagnose_parser.set_defaults(func=cmd_diagnose)
 
     info_parser = commands.add_parser("info", help="what a gated checkpoint contains")
     info_parser.add_argument("checkpoint", help="gated checkpoint folder or Hub id")

@@ -1,10 +1,11 @@
 """The package's rooms and the direction of their imports (see the README's architecture section).
 
-Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with the small shared
-helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`) usable from any room above
-the core. `core` imports only torch, transformers and itself at module level; it reaches the kernels and
-the sharing code only inside functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on
-patched instances).
+Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with `diagnostics`
+(core + helpers only) usable from the recipes and the command line, and the small shared helpers (`files`,
+`formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`) from any room above the core.
+`core` imports only torch, transformers and itself at module level; it reaches the kernels and the sharing
+code only inside functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on patched
+instances).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ ALLOWED = {
     "core": {"core"},
     "kernels": {"kernels", "core"},
     "helpers": {"helpers"},
+    "diagnostics": {"diagnostics", "core", "helpers"},
     "sharing": {"sharing", "kernels", "core", "helpers"},
-    "recipes": {"recipes", "sharing", "kernels", "core", "helpers"},
-    "top": {"top", "recipes", "sharing", "kernels", "core", "helpers"},
+    "recipes": {"recipes", "diagnostics", "sharing", "kernels", "core", "helpers"},
+    "top": {"top", "recipes", "diagnostics", "sharing", "kernels", "core", "helpers"},
 }
-HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline"}
+HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline", "plotting"}
 
 
 def _room(module: str) -> str:

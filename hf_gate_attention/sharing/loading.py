@@ -74,6 +74,16 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     return model
 
 
+def load_model(path: str, *, backend: str = "auto", **kwargs):
+    """The model saved at `path` (folder or Hub id), gated (through `from_pretrained`) or not (through the
+    transformers class named in `config.architectures`); `kwargs` as in `from_pretrained`."""
+    config = transformers.AutoConfig.from_pretrained(path)
+    if getattr(config, CONFIG_ATTRIBUTE, None) is not None:
+        return from_pretrained(path, backend=backend, **kwargs)
+    name = (config.architectures or ["AutoModel"])[0]
+    return getattr(transformers, name, transformers.AutoModel).from_pretrained(path, **kwargs)
+
+
 def _load_gate_tensors(model, saved: dict, path: str) -> None:
     """Copy saved gate tensors into a patched model, matched by (layer index, tensor name).
 

@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 
-from ...files import atomic_write_bytes
+from ...plotting import pyplot, save_figure
 from .report import ROUGE_LABELS
 from .rouge import ROUGE_TYPES
-
-MATPLOTLIB_INSTALL = "pip install matplotlib"
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise ModuleNotFoundError(f"the comparison plots need matplotlib: {MATPLOTLIB_INSTALL}") from err
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> None:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    _pyplot().close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot_loss_curves(log_histories: dict[str, list[dict]], path: Path) -> None:
     """Training loss per logged step (lines) and validation loss (dashed, when logged) of every run."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for index, (name, history) in enumerate(log_histories.items()):
         color = f"C{index}"
@@ -50,7 +29,7 @@ def plot_loss_curves(log_histories: dict[str, list[dict]], path: Path) -> None:
     else:
         ax.text(0.5, 0.5, "no training logged", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _error_bars(values: list[float], lows: list[float], highs: list[float]) -> np.ndarray:
@@ -61,7 +40,7 @@ def _error_bars(values: list[float], lows: list[float], highs: list[float]) -> n
 
 def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
     """Grouped bars of mean ROUGE with bootstrap CIs; `rouge` is `{run: {type: {mean, low, high}}}`."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     x, width = np.arange(len(ROUGE_TYPES)), 0.8 / len(rouge)
     for index, (name, scores) in enumerate(rouge.items()):
@@ -75,12 +54,12 @@ def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
     ax.set(ylabel="F1 x100", title=f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_speed(speed: dict[str, dict], path: Path) -> None:
     """Prefill and decode throughput and seconds per summary of every run (median, min-max over rounds)."""
-    plt = _pyplot()
+    plt = pyplot()
     panels = (
         ("prefill_tokens_per_s", "prefill tokens/s"),
         ("decode_tokens_per_s", "decode tokens/s"),
@@ -97,4 +76,4 @@ def plot_speed(speed: dict[str, dict], path: Path) -> None:
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Inference speed (batch 1, interleaved rounds; bars: median, whiskers: min-max)", y=1.04)
-    _save(fig, path)
+    save_figure(fig, path)

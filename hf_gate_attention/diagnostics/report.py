@@ -1,0 +1,100 @@
+"""Files of a diagnosis: `diagnostics.json`, PNG heatmaps (layers x heads) and per-layer line plots, and the
+short table the command line prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..files import atomic_write_json
+from ..formatting import table
+from ..plotting import pyplot, save_figure
+
+JSON_FILE = "diagnostics.json"
+HEATMAPS_FILE = "heatmaps.png"
+LAYERS_FILE = "layers.png"
+
+
+def _heatmaps(result: dict) -> list[tuple[str, list[list[float]], list[int]]]:
+    """`(title, values (layers x heads), layer indices)` of every heatmap the result has."""
+    layers = list(range(len(result["attention"]["first_token"])))
+    maps = [
+        ("attention on the first token", result["attention"]["first_token"], layers),
+        ("largest attention weight (top-1 key)", result["attention"]["top1"], layers),
+    ]
+    gates = result["gates"]
+    if gates is not None:
+        maps.append(("gate mean", gates["mean"], gates["layers"]))
+        maps.append(("fraction of gate values < 0.1", gates["below_0.1"], gates["layers"]))
+        if gates["keep_rate"] is not None:
+            maps.append(("top-k: fraction of tokens keeping the head", gates["keep_rate"], gates["layers"]))
+    return maps
+
+
+def plot_heatmaps(result: dict, path: Path, title: str = "") -> None:
+    plt = pyplot()
+    maps = _heatmaps(result)
+    fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps), 4), squeeze=False)
+    for ax, (name, values, layers) in zip(axes[0], maps, strict=True):
+        image = ax.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set(title=name, xlabel="head", ylabel="layer")
+        ax.set_yticks(range(len(layers)), [str(i) for i in layers], fontsize="x-small")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    if title:
+        fig.suptitle(title, y=1.02)
+    save_figure(fig, path)
+
+
+def plot_layers(results: dict[str, dict], path: Path) -> None:
+    """Per-layer lines of one or several diagnoses (`{label: result}`): first-token attention (mean over
+    heads), max |hidden state| (log scale) and, for gated models, the gate mean."""
+    plt = pyplot()
+    gated = any(r["gates"] is not None for r in results.values())
+    fig, axes = plt.subplots(1, 3 if gated else 2, figsize=(13 if gated else 9, 3.8))
+    for index, (label, result) in enumerate(results.items()):
+        color = f"C{index}"
+        first = torch.tensor(result["attention"]["first_token"]).mean(-1).tolist()
+        axes[0].plot(range(len(first)), first, "o-", color=color, label=label)
+        activations = result["activations"]["max_abs"]
+        axes[1].plot(range(len(activations)), activations, "o-", color=color, label=label)
+        if result["gates"] is not None:
+            means = torch.tensor(result["gates"]["mean"]).mean(-1).tolist()
+            axes[2].plot(result["gates"]["layers"], means, "o-", color=color, label=label)
+    axes[0].set(xlabel="layer", ylabel="mean over heads", title="attention on the first token")
+    axes[1].set(xlabel="layer", ylabel="max |hidden state|", yscale="log", title="massive activations")
+    if gated:
+        axes[2].set(xlabel="layer", ylabel="mean over heads and tokens", title="gate mean")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    save_figure(fig, path)
+
+
+def write_diagnosis(result: dict, out_dir: Path, title: str = "") -> list[Path]:
+    """`diagnostics.json`, `heatmaps.png` and `layers.png` in `out_dir` (each written atomically)."""
+    out_dir = Path(out_dir)
+    atomic_write_json(out_dir / JSON_FILE, result)
+    plot_heatmaps(result, out_dir / HEATMAPS_FILE, title)
+    plot_layers({title or "model": result}, out_dir / LAYERS_FILE)
+    return [out_dir / name for name in (JSON_FILE, HEATMAPS_FILE, LAYERS_FILE)]
+
+
+def summary_table(summaries: dict[str, dict]) -> str:
+    """A Markdown table of `summarize` scalars, one row per labelled model."""
+    header = ["model", "first-token attn", "top-1 attn", "max \\|h\\| (layer)", "median \\|h\\|", "gate mean"]
+    header.append("gates < 0.1")
+    rows = []
+    for label, s in summaries.items():
+        gate = ("-", "-") if "gate_mean" not in s else (f"{s['gate_mean']:.3f}", f"{s['gate_below_0.1']:.3f}")
+        rows.append(
+            [
+                label,
+                f"{s['first_token_attention']:.3f}",
+                f"{s['top1_attention']:.3f}",
+                f"{s['max_activation']:.1f} ({s['max_activation_layer']})",
+                f"{s['median_activation']:.2f}",
+                *gate,
+            ]
+        )
+    return table(header, rows)

@@ -1,0 +1,118 @@
+"""Diagnostics of a comparison's models: the pretrained (ungated) model and every run whose final weights are
+in the results folder, on the same test documents, with the paper appendix's prediction beside the numbers.
+
+    python -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ...diagnostics import diagnose, text_inputs
+from ...diagnostics.report import plot_layers, summary_table, write_diagnosis
+from ...files import atomic_write_text, read_json
+from ...formatting import gate_label
+from ...offline import resolve_model
+from ...sharing.loading import load_model
+from .data import load_summarization_dataset
+from .files import CONFIG_FILE
+from .train import load_tokenizer
+
+PRETRAINED = "pretrained"
+APPENDIX = (
+    "Qiu et al. 2025, appendix: adding the gate to an already trained model and training on neither removes "
+    "the attention sink and massive activations already present nor changes the final performance much; "
+    "they form during pretraining."
+)
+
+
+def diagnose_comparison(
+    results: str | Path, out: str | Path, max_inputs: int = 8, max_length: int = 512
+) -> str:
+    """Diagnose the pretrained model and the runs of `results` found with weights; write per-model files,
+    `layers.png` and `DIAGNOSTICS.md` into `out`; returns the Markdown."""
+    results, out = Path(results), Path(out)
+    saved = read_json(results / CONFIG_FILE)
+    if saved is None:
+        raise FileNotFoundError(f"{results} holds no {CONFIG_FILE}: not a results folder of the recipe")
+    model_path = resolve_model(saved["model"])
+    data = load_summarization_dataset(
+        saved["dataset"], saved.get("document_column"), saved.get("summary_column"), splits=["test"]
+    )
+    inputs = text_inputs(load_tokenizer(model_path), data["test"]["document"][:max_inputs], max_length)
+    folders = {PRETRAINED: model_path}
+    missing = []
+    for run in saved["runs"]:
+        folder = results / run["name"] / "model"
+        if (folder / "config.json").is_file():
+            folders[run["name"]] = str(folder)
+        else:
+            missing.append(run["name"])
+    diagnoses = {}
+    for label, folder in folders.items():
+        model = load_model(folder, backend="torch", dtype=torch.float32, attn_implementation="sdpa")
+        diagnoses[label] = diagnose(model, inputs, progress=True)
+        write_diagnosis(diagnoses[label], out / label, title=label)
+        del model
+    plot_layers(diagnoses, out / "layers.png")
+    gates = {run["name"]: gate_label(run["gate"]) for run in saved["runs"]}
+    rows = [
+        f"| {label} | {gates.get(label, 'none (not fine-tuned)')} | "
+        + (f"[heatmaps]({label}/heatmaps.png), [layers]({label}/layers.png) |")
+        for label in diagnoses
+    ]
+    text = "\n".join(
+        [
+            f"# Diagnostics of `{results}`",
+            "",
+            f"Produced by `python -m hf_gate_attention.recipes.summarization.diagnosis {results} --out "
+            f"{out}`: "
+            f"{len(inputs)} test documents of `{saved['dataset']}`, each its first {max_length} tokens, SDPA "
+            "attention, float32. First-token attn and top-1 attn: mean over layers, heads and query "
+            "positions "
+            ">= 4 of the softmax weight on token 0 and of the largest weight (before any gate).",
+            "",
+            summary_table({label: d["summary"] for label, d in diagnoses.items()}),
+            "",
+            "| model | gate | plots |",
+            "|---|---|---|",
+            *rows,
+            "",
+            "![per layer](layers.png)",
+            "",
+            f"Prediction: {APPENDIX}",
+            "",
+            (
+                f"Not diagnosed (no final weights in `{results}`; rerun the comparison to recreate them): "
+                + ", ".join(missing)
+                if missing
+                else "Every run was diagnosed."
+            ),
+            "",
+        ]
+    )
+    atomic_write_text(out / "DIAGNOSTICS.md", text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=diagnose_comparison.__doc__)
+    parser.add_argument("results", help="results folder of the summarization recipe (results/reproduce)")
+    parser.add_argument("--out", required=True, help="folder for the diagnostics and DIAGNOSTICS.md")
+    parser.add_argument("--max-inputs", type=int, default=8)
+    parser.add_argument("--max-length", type=int, default=512)
+    args = parser.parse_args(argv)
+    try:
+        print(diagnose_comparison(args.results, args.out, args.max_inputs, args.max_length))
+    except (ValueError, OSError) as err:
+        print(f"diagnosis: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

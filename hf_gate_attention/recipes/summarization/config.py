@@ -30,7 +30,7 @@ RESUMABLE_KEYS = (
     "logging_steps",
     "eval_steps",
 )
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
 
 
@@ -56,7 +56,7 @@ class RunSpec:
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} in run {data!r}; a run has the keys: name, gate")
         name = data.get("name")
-        if not isinstance(name, str) or not _RUN_NAME.match(name):
+        if not isinstance(name, str) or not RUN_NAME.match(name):
             raise ValueError(f"run name {name!r} is not valid: use letters, digits, '.', '_' or '-'")
         gate = data.get("gate")
         if gate is not None and not isinstance(gate, dict):
@@ -176,7 +176,7 @@ class RecipeConfig:
         self._validate()
 
     def _validate(self) -> None:
-        if not _RUN_NAME.match(self.name):
+        if not RUN_NAME.match(self.name):
             raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
         if not self.runs:
             raise ValueError("`runs` is empty: list at least one model to train and evaluate")
@@ -216,17 +216,23 @@ class RecipeConfig:
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> RecipeConfig:
         """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
-        check_keys(data, source)
-        hints = typing.get_type_hints(cls)
-        return cls(**{key: _coerce(key, value, hints[key]) for key, value in data.items()})
+        return from_mapping(cls, data, source)
 
     def replace(self, **changes) -> RecipeConfig:
         return RecipeConfig.from_dict({**self.to_dict(), **changes})
 
 
-def check_keys(data: dict, source: str) -> None:
-    """Raise `ValueError` naming the first key of `data` that is not a `RecipeConfig` field."""
-    known = [f.name for f in dataclasses.fields(RecipeConfig)]
+def from_mapping(config_class, data: dict, source: str = "config"):
+    """A config dataclass built from a mapping whose values may be strings (command line) or typed."""
+    check_keys(data, source, config_class)
+    hints = typing.get_type_hints(config_class)
+    return config_class(**{key: _coerce(key, value, hints[key]) for key, value in data.items()})
+
+
+def check_keys(data: dict, source: str, config_class=None) -> None:
+    """Raise `ValueError` naming the first key of `data` that is not a field of `config_class`
+    (default: `RecipeConfig`)."""
+    known = [f.name for f in dataclasses.fields(config_class or RecipeConfig)]
     for key in data:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
@@ -317,12 +323,16 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
     return overrides
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RecipeConfig:
-    """Defaults, then the file at `path`, then `overrides` (command line); unknown keys raise ValueError."""
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, config_class=None
+) -> RecipeConfig:
+    """Defaults, then the file at `path`, then `overrides` (command line); unknown keys raise ValueError.
+    `config_class` defaults to `RecipeConfig`."""
+    config_class = config_class or RecipeConfig
     data = read_config_file(path) if path is not None else {}
-    check_keys(data, f"config file {str(path)!r}")
-    check_keys(overrides or {}, "the command line")
-    return RecipeConfig.from_dict({**data, **(overrides or {})})
+    check_keys(data, f"config file {str(path)!r}", config_class)
+    check_keys(overrides or {}, "the command line", config_class)
+    return config_class.from_dict({**data, **(overrides or {})})
 
 
 def _saved_runs(runs: list[dict]) -> list[dict]:

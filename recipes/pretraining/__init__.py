@@ -1,0 +1,1 @@
+"""From-scratch pretraining study: `python -m recipes.pretraining --config <file> [--key value ...]`."""

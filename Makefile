@@ -10,7 +10,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo reproduce study test lint format install clean
+.PHONY: demo reproduce diagnose study test lint format install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: install
 reproduce: install
 	$(PY) -m recipes.summarization --config recipes/summarization/configs/reproduce.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
+
+# Attention sink, massive activations and gates of the reproduction's models (those whose weights are on
+# this machine) beside the pretrained SmolLM2, then results/diagnostics/DIAGNOSTICS.md; ~5 min on 2 CPU cores.
+diagnose: install
+	$(PY) -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
 
 # From-scratch pretraining study (gating vs attention sinks, massive activations, perplexity, learning-rate
 # tolerance), <= 2.5 h on 2 CPU cores, then results/STUDY.md; rerunning continues where it stopped.

@@ -245,6 +245,16 @@ def test_text_inputs_truncate_and_skip_short_texts(tmp_path):
     assert [item["input_ids"].shape for item in items] == [torch.Size([1, 10]), torch.Size([1, 16])]
 
 
+REPORTED: list[dict] = []  # what the spy callback received
+
+
+class _LogSpy(transformers.TrainerCallback):
+    """What a reporting integration receives in `on_log`."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        REPORTED.append(dict(logs))
+
+
 def _train(tmp_path, callback_factory, max_steps=4, resume=False):
     model_dir = tmp_path / "model"
     if not model_dir.exists():
@@ -259,6 +269,7 @@ def _train(tmp_path, callback_factory, max_steps=4, resume=False):
     trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
     callback = callback_factory(data).attach(trainer)
     assert trainer.callback_handler.callbacks[0] is callback
+    trainer.add_callback(_LogSpy())  # runs after the attached callback, like TensorBoard/W&B integrations
     trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoints" / "checkpoint-2") if resume else None)
     return trainer, callback
 
@@ -274,6 +285,10 @@ def test_callback_logs_gate_statistics_into_the_trainer_logs_and_a_file(tmp_path
     trainer, _ = _train(tmp_path, factory)
     logged = [h for h in trainer.state.log_history if "diagnostics/gate_mean" in h]
     assert [h["step"] for h in logged] == [2, 4]
+    reported = [logs for logs in REPORTED if "diagnostics/gate_mean" in logs]
+    assert [logs["diagnostics/gate_mean"] for logs in reported] == [
+        h["diagnostics/gate_mean"] for h in logged
+    ]
     assert all(
         0 < h["diagnostics/gate_mean"] < 1 and "diagnostics/first_token_attention" in h for h in logged
     )

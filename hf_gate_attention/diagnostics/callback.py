@@ -36,7 +36,8 @@ class DiagnosticsCallback(TrainerCallback):
             so far, per-layer curves included; on resume, the entries after the resumed step are dropped.
 
     `trainer.add_callback(cb)` runs it after the reporting integrations, whose logs then miss the numbers;
-    `cb.attach(trainer)` puts it first.
+    `cb.attach(trainer)` puts it first. It measures on the main process only, with the unwrapped model: fine
+    for one device and DDP, not for sharded models (FSDP, DeepSpeed ZeRO-3), whose forward needs every rank.
     """
 
     def __init__(self, probe: list[dict], every_steps: int = 100, output_file: str | Path | None = None):

@@ -20,29 +20,33 @@ def _heatmaps(result: dict) -> list[tuple[str, list[list[float]], list[int]]]:
     """`(title, values (layers x heads), layer indices)` of every heatmap the result has."""
     layers = list(range(len(result["attention"]["first_token"])))
     maps = [
-        ("attention on the first token", result["attention"]["first_token"], layers),
-        ("largest attention weight (top-1 key)", result["attention"]["top1"], layers),
+        ("first-token attention", result["attention"]["first_token"], layers),
+        ("top-1 attention", result["attention"]["top1"], layers),
     ]
     gates = result["gates"]
     if gates is not None:
         maps.append(("gate mean", gates["mean"], gates["layers"]))
-        maps.append(("fraction of gate values < 0.1", gates["below_0.1"], gates["layers"]))
+        maps.append(("share of gates < 0.1", gates["below_0.1"], gates["layers"]))
         if gates["keep_rate"] is not None:
-            maps.append(("top-k: fraction of tokens keeping the head", gates["keep_rate"], gates["layers"]))
+            maps.append(("top-k keep rate", gates["keep_rate"], gates["layers"]))
     return maps
 
 
 def plot_heatmaps(result: dict, path: Path, title: str = "") -> None:
     plt = pyplot()
     maps = _heatmaps(result)
-    fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(maps), figsize=(3.4 * len(maps), 4.4), squeeze=False, layout="constrained"
+    )
     for ax, (name, values, layers) in zip(axes[0], maps, strict=True):
-        image = ax.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest")
+        low, high = min(map(min, values)), max(map(max, values))
+        image = ax.imshow(values, aspect="auto", cmap="viridis", interpolation="nearest", vmin=low,
+                          vmax=high if high > low else low + 1e-6)  # fmt: skip
         ax.set(title=name, xlabel="head", ylabel="layer")
-        ax.set_yticks(range(len(layers)), [str(i) for i in layers], fontsize="x-small")
-        fig.colorbar(image, ax=ax, fraction=0.046)
+        ax.set_yticks(range(len(layers)), [str(i) for i in layers], fontsize="xx-small")
+        fig.colorbar(image, ax=ax, shrink=0.8)
     if title:
-        fig.suptitle(title, y=1.02)
+        fig.suptitle(title)
     save_figure(fig, path)
 
 
@@ -51,7 +55,7 @@ def plot_layers(results: dict[str, dict], path: Path) -> None:
     heads), max |hidden state| (log scale) and, for gated models, the gate mean."""
     plt = pyplot()
     gated = any(r["gates"] is not None for r in results.values())
-    fig, axes = plt.subplots(1, 3 if gated else 2, figsize=(13 if gated else 9, 3.8))
+    fig, axes = plt.subplots(1, 3 if gated else 2, figsize=(13 if gated else 9, 3.8), layout="constrained")
     for index, (label, result) in enumerate(results.items()):
         color = f"C{index}"
         first = torch.tensor(result["attention"]["first_token"]).mean(-1).tolist()

@@ -348,6 +348,8 @@ def markdown(
             "",
             _setup(config),
             "",
+            f"Training time of the finished jobs (sum of the Trainer's train_runtime): {_hours(summary)}.",
+            "",
             f"## Main comparison (lr {config.learning_rate:g}; mean and 95 % t-interval over seeds)",
             "",
             table(header, body),
@@ -393,6 +395,11 @@ def markdown(
             "",
         ]
     )
+
+
+def _hours(summary: dict) -> str:
+    seconds = sum(m["train_runtime_s"] or 0 for m in summary["metrics"].values() if m is not None)
+    return f"{seconds / 3600:.2f} h"
 
 
 def write_report(config: StudyConfig, out: Path | None = None, command: str = "make study") -> Path:

@@ -130,7 +130,10 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "",
         "- The article does not state its model, data or budget; this run fine-tunes a pretrained 135M model "
         "with gates added at identity, which is not the paper's setting (gates trained from scratch). The "
-        "paper's own appendix finds little change when gates are added during continued training.",
+        "paper's own appendix finds little change when gates are added during continued training. "
+        "Attention sinks, massive activations and gate values of these models: "
+        "`results/diagnostics/DIAGNOSTICS.md` (`make diagnose`); gates trained from scratch, the paper's "
+        "setting, at a small scale: `results/STUDY.md` (`make study`).",
         "- A dense gate adds a projection and a multiply and skips nothing, so a speed-up is not expected "
         "from it. A run with `top_k` (variants `output`/`qk`) skips the attention of the heads or key/value "
         "groups it drops (`hf_gate_attention/core/sparse.py`); the projections and the rest of the layer "

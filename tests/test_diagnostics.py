@@ -221,6 +221,12 @@ def test_bad_inputs_and_models_get_clear_errors():
         diagnose(model, [padded])
     with pytest.raises(ValueError, match="batch size 2"):
         diagnose(model, [tiny_inputs("llama", batch=2)])
+    paged = tiny_model("llama", attn_implementation="sdpa")
+    paged.config._attn_implementation = "paged|eager"
+    with pytest.raises(
+        ValueError, match=r"cannot probe attention implementation 'paged\|eager'; probed: eager"
+    ):
+        diagnose(paged, [_one(tiny_inputs("llama", batch=1))])
     gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
     with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
         diagnose(gpt2, [{"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]])}])

@@ -80,9 +80,10 @@ def register_probe(original: str) -> str:
         )
         if module in _PROBED:
             recorder, layer = _PROBED[module]
-            if weights is None:
+            probed = weights
+            if probed is None:
                 is_causal = kwargs.get("is_causal")
-                weights = attention_probabilities(
+                probed = attention_probabilities(
                     query,
                     key,
                     attention_mask,
@@ -90,9 +91,14 @@ def register_probe(original: str) -> str:
                     getattr(module, "is_causal", True) if is_causal is None else is_causal,
                     kwargs.get("softcap"),
                 )
-            recorder.attention(layer, weights)
-        return output, weights
+            recorder.attention(layer, probed)
+        return output, weights  # exactly what the original returned
 
+    if original not in ALL_MASK_ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f"diagnose cannot probe attention implementation {original!r}; probed: "
+            f"{', '.join(sorted(n for n in ALL_MASK_ATTENTION_FUNCTIONS if not n.startswith(PROBE_PREFIX)))}"
+        )
     AttentionInterface.register(name, probe_attention)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
     return name

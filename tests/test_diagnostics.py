@@ -58,6 +58,10 @@ def test_first_token_attention_of_a_hand_built_model_is_the_softmax_share(implem
     assert result["attention"]["first_token"] == [[pytest.approx(expected, abs=1e-5)]]
     assert result["attention"]["top1"] == [[pytest.approx(expected, abs=1e-5)]]
     assert result["attention"]["queries"] == 8
+    assert result["attention"]["top1_at_first"] == [[1.0]]  # key 0 holds the largest weight of every query
+    assert result["attention"]["top1_at_previous"] == [[0.0]] and result["attention"]["top1_at_self"] == [
+        [0.0]
+    ]
     assert result["summary"]["first_token_attention"] == pytest.approx(expected, abs=1e-5)
 
 
@@ -396,3 +400,17 @@ def test_a_comparisons_models_are_diagnosed_and_missing_ones_named(recipe_result
     assert json.loads((tmp_path / "out" / "pretrained" / "diagnostics.json").read_text())["gates"] is None
     assert (tmp_path / "out" / "DIAGNOSTICS.md").read_text() == text
     assert (tmp_path / "out" / "layers.png").is_file()
+
+
+def test_where_the_largest_weight_sits_is_counted_per_query():
+    from hf_gate_attention.diagnostics.measure import _Recorder
+
+    recorder = _Recorder(num_layers=1, skip_queries=2)
+    weights = torch.full((1, 2, 6, 6), 0.01)
+    for i in range(6):
+        weights[0, 0, i, max(i - 1, 0)] = 0.9  # head 0: the previous position
+        weights[0, 1, i, i if i % 2 else 0] = 0.9  # head 1: itself at odd positions, key 0 at even ones
+    recorder.attention(0, weights)
+    sums = {name: (recorder.sums[name][0] / recorder.queries[0]).tolist() for name in recorder.sums}
+    assert sums["top1_at_previous"] == [1.0, 0.0]
+    assert sums["top1_at_self"] == [0.0, 0.5] and sums["top1_at_first"] == [0.0, 0.5]

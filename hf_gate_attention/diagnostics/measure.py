@@ -24,6 +24,7 @@ PROBE_PREFIX = "hf_gate_attention_probe_"
 GATE_HISTOGRAM_BINS = 200
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 LOW_GATE = 0.1  # "fraction of gate values below 0.1"
+ATTENTION_SUMS = ("first_token", "top1", "top1_at_first", "top1_at_previous", "top1_at_self")
 # attention module (the one calling the attention function) -> (its recorder, layer index), during a probe
 _PROBED: WeakKeyDictionary = WeakKeyDictionary()
 
@@ -109,21 +110,29 @@ class _Recorder:
 
     def __init__(self, num_layers: int, skip_queries: int):
         self.skip_queries = skip_queries
-        self.first_token = [None] * num_layers  # sum over queries of the weight on key 0, (H,)
-        self.top1 = [None] * num_layers  # sum over queries of the largest weight, (H,)
+        # name -> per layer, sums over queries (H,): the weight on key 0, the largest weight, and how often
+        # the largest weight sits on key 0, on the query's previous position, on its own position
+        self.sums = {name: [None] * num_layers for name in ATTENTION_SUMS}
         self.queries = [0] * num_layers
         self.activation = [None] * num_layers  # (max |h|, input, position, channel, median |h|)
         self.gates: dict[int, dict] = {}
         self.input_index = 0
 
     def attention(self, layer: int, weights: torch.Tensor) -> None:
+        length, key_length = weights.shape[-2:]
         weights = weights[0, :, self.skip_queries :].float()  # (H, L - skip, S)
-        first, top1 = weights[..., 0].sum(-1), weights.amax(-1).sum(-1)
-        if self.first_token[layer] is None:
-            self.first_token[layer], self.top1[layer] = first, top1
-        else:
-            self.first_token[layer] += first
-            self.top1[layer] += top1
+        top1, top1_key = weights.max(-1)  # (H, L - skip)
+        position = torch.arange(self.skip_queries, length, device=weights.device) + key_length - length
+        values = {
+            "first_token": weights[..., 0].sum(-1),
+            "top1": top1.sum(-1),
+            "top1_at_first": (top1_key == 0).sum(-1),
+            "top1_at_previous": (top1_key == position - 1).sum(-1),
+            "top1_at_self": (top1_key == position).sum(-1),
+        }
+        for name, value in values.items():
+            total = self.sums[name][layer]
+            self.sums[name][layer] = value.double() if total is None else total + value
         self.queries[layer] += weights.shape[1]
 
     def hidden(self, layer: int, hidden: torch.Tensor) -> None:
@@ -167,12 +176,14 @@ class _Recorder:
                 "shorter than "
                 f"skip_queries + 1 = {self.skip_queries + 1} tokens)"
             )
-        first = [(s / n).tolist() for s, n in zip(self.first_token, self.queries, strict=True)]
-        top1 = [(s / n).tolist() for s, n in zip(self.top1, self.queries, strict=True)]
+        attention = {
+            name: [(s / n).tolist() for s, n in zip(sums, self.queries, strict=True)]
+            for name, sums in self.sums.items()
+        }
         keys = ("max_abs", "input", "position", "channel", "median_abs")
         activations = {key: [entry[i] for entry in self.activation] for i, key in enumerate(keys)}
         return {
-            "attention": {"first_token": first, "top1": top1, "queries": self.queries[0]},
+            "attention": {**attention, "queries": self.queries[0]},
             "activations": activations,
             "gates": self._gate_result() if self.gates else None,
         }
@@ -269,7 +280,9 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
             only attend to token 0).
 
     Returns a JSON-serialisable dict: `attention` (`first_token`, `top1`: per layer, per head, the mean over
-    queries of the weight on key 0 and of the largest weight), `activations` (per layer: `max_abs` of the
+    queries of the weight on key 0 and of the largest weight; `top1_at_first`, `top1_at_previous`,
+    `top1_at_self`: the share of queries whose largest weight is on key 0, the previous position, the query's
+    own position), `activations` (per layer: `max_abs` of the
     layer's output hidden state, where it sits (`input`, `position`, `channel`) and `median_abs`), `gates`
     (per gated layer and gated head: `mean`, `below_0.1`, `quantiles`, `keep_rate` for top-k; `None` for an
     ungated model) and `summary` (the scalars of `summarize`).
@@ -338,9 +351,12 @@ def _check_input(item, index: int) -> None:
 def summarize(result: dict) -> dict:
     """The few scalars of a diagnosis that the paper reports (averages over layers and heads)."""
     first = torch.tensor(result["attention"]["first_token"])
+    attention = result["attention"]
     summary = {
         "first_token_attention": first.mean().item(),
-        "top1_attention": torch.tensor(result["attention"]["top1"]).mean().item(),
+        "top1_attention": torch.tensor(attention["top1"]).mean().item(),
+        # where the largest weight sits (shares of queries; the rest: elsewhere)
+        **{f"{name}_share": torch.tensor(attention[name]).mean().item() for name in ATTENTION_SUMS[2:]},
         "max_activation": max(result["activations"]["max_abs"]),
         "max_activation_layer": int(torch.tensor(result["activations"]["max_abs"]).argmax()),
         "median_activation": float(torch.tensor(result["activations"]["median_abs"]).median()),

@@ -86,8 +86,8 @@ def write_diagnosis(result: dict, out_dir: Path, title: str = "") -> list[Path]:
 
 def summary_table(summaries: dict[str, dict]) -> str:
     """A Markdown table of `summarize` scalars, one row per labelled model."""
-    header = ["model", "first-token attn", "top-1 attn", "max \\|h\\| (layer)", "median \\|h\\|", "gate mean"]
-    header.append("gates < 0.1")
+    header = ["model", "first-token attn", "top-1 attn", "top-1 key: first / previous / self"]
+    header += ["max \\|h\\| (layer)", "median \\|h\\|", "gate mean", "gates < 0.1"]
     rows = []
     for label, s in summaries.items():
         gate = ("-", "-") if "gate_mean" not in s else (f"{s['gate_mean']:.3f}", f"{s['gate_below_0.1']:.3f}")
@@ -96,6 +96,7 @@ def summary_table(summaries: dict[str, dict]) -> str:
                 label,
                 f"{s['first_token_attention']:.3f}",
                 f"{s['top1_attention']:.3f}",
+                " / ".join(f"{s[f'top1_at_{where}_share']:.2f}" for where in ("first", "previous", "self")),
                 f"{s['max_activation']:.1f} ({s['max_activation_layer']})",
                 f"{s['median_activation']:.2f}",
                 *gate,

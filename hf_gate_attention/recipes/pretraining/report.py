@@ -107,7 +107,7 @@ def verdicts(config: StudyConfig, rows: dict, sweep: dict, metrics: dict) -> dic
     if sink_b["mean"] < SINK_THRESHOLD:
         out["sink"] = (
             f"inconclusive: no sink formed in the baseline (first-token attention {sink_b['mean']:.3f} < "
-            f"{SINK_THRESHOLD})"
+            f"{SINK_THRESHOLD}; gated {sink_g['mean']:.3f})"
         )
     else:
         out["sink"] = _compare_lower(sink_g, sink_b, "first-token attention", halve=True)
@@ -118,7 +118,8 @@ def verdicts(config: StudyConfig, rows: dict, sweep: dict, metrics: dict) -> dic
     if act_b["mean"] < MASSIVE_RATIO * median:
         out["activation"] = (
             f"inconclusive: no massive activation in the baseline (max {act_b['mean']:.1f} < "
-            f"{MASSIVE_RATIO:g} x median {median:.2f})"
+            f"{MASSIVE_RATIO:g} x its median {median:.2f}); the max alone: "
+            f"{_compare_lower(act_g, act_b, 'max', halve=True)}"
         )
     else:
         out["activation"] = _compare_lower(act_g, act_b, "max activation", halve=True)

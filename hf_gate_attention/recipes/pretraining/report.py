@@ -185,7 +185,7 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
     }
     first = {name: m for name, m in first.items() if m}
     names = []
-    fig, (train_ax, valid_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (train_ax, valid_ax) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     for index, (name, m) in enumerate(first.items()):
         train = [(h["step"], h["loss"]) for h in m["log_history"] if "loss" in h]
         valid = [(h["step"], h["eval_loss"]) for h in m["log_history"] if "eval_loss" in h]
@@ -200,7 +200,7 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
     names.append("loss_curves.png")
 
     keys = (("first_token_attention", "first-token attention"), ("max_activation", "max |hidden|"))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), layout="constrained")
     for index, (name, m) in enumerate(first.items()):
         history = m["diagnostics_history"]
         final = read_json(config.run_dir / "jobs" / m["job"] / "final_diagnostics.json")
@@ -219,7 +219,7 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
     names.append("diagnostics.png")
 
     sweep = sweep_table(config, metrics)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     for index, run in enumerate(config.runs):
         points = sorted((r, c["test_loss"]) for r, c in sweep["cells"][run.name].items())
         if points:

@@ -273,10 +273,13 @@ def cmd_diagnose(args) -> None:
         raise ValueError(f"model labels must be unique, got {labels}; pass --labels")
     out = Path(args.out)
     results = {}
+    prepared: dict[str, list[dict]] = {}  # tokenizer / processor folder -> inputs, read once per folder
     for label, name in zip(labels, args.models, strict=True):
         model, path = _load_for_diagnosis(name, args.attn_implementation)
-        inputs = _diagnosis_inputs(args, path)
-        results[label] = diagnose(model, inputs, skip_queries=args.skip_queries, progress=True)
+        source = args.tokenizer or path
+        if source not in prepared:
+            prepared[source] = _diagnosis_inputs(args, path)
+        results[label] = diagnose(model, prepared[source], skip_queries=args.skip_queries, progress=True)
         files = write_diagnosis(results[label], out / label if len(args.models) > 1 else out, title=label)
         print(f"{label}: wrote {', '.join(str(f) for f in files)}")
     summary = summary_table({label: result["summary"] for label, result in results.items()})

@@ -13,6 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ...diagnostics.callback import per_layer
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...formatting import gate_label, table
 from ...plotting import pyplot, save_figure
@@ -69,11 +70,7 @@ def main_comparison(config: StudyConfig, metrics: dict) -> dict[str, dict]:
     """Run name -> metric -> mean/CI over the seeds finished at the main learning rate."""
     rows = {}
     for run in config.runs:
-        finished = [
-            metrics[job.name]
-            for job in config.jobs()
-            if job.run == run and job.learning_rate == config.learning_rate and metrics[job.name]
-        ]
+        finished = _main_jobs(config, run.name, metrics)
         if finished:
             rows[run.name] = {
                 key: mean_ci([v for m in finished if (v := _value(m, key)) is not None])
@@ -129,6 +126,7 @@ def verdicts(config: StudyConfig, rows: dict, sweep: dict, metrics: dict) -> dic
 
 
 def _main_jobs(config, run_name: str, metrics: dict) -> list[dict]:
+    """The finished jobs of one run at the main learning rate (one per seed)."""
     return [
         metrics[j.name]
         for j in config.jobs()
@@ -177,7 +175,7 @@ def sweep_table(config: StudyConfig, metrics: dict) -> dict:
     return {"rates": rates, "cells": cells}
 
 
-def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
+def _plots(config: StudyConfig, metrics: dict, sweep: dict, out_dir: Path) -> list[str]:
     plt = pyplot()
     first = {
         run.name: metrics.get(f"{run.name}-lr{config.learning_rate:g}-seed{config.seeds[0]}")
@@ -209,7 +207,7 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
                 [h["step"] for h in history], [h[key] for h in history], color=f"C{index}", label=name
             )
             axes[row][0].set(xlabel="step", ylabel=label, title=f"{label} during training (validation probe)")
-            layers = _final_layers(final)[key]
+            layers = per_layer(final)[key]
             axes[row][1].plot(range(len(layers)), layers, "o-", color=f"C{index}", label=name)
             axes[row][1].set(xlabel="layer", ylabel=label, title=f"{label} per layer, end (test probe)")
     for ax in axes.flat:
@@ -218,7 +216,6 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
     save_figure(fig, out_dir / "diagnostics.png")
     names.append("diagnostics.png")
 
-    sweep = sweep_table(config, metrics)
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     for index, run in enumerate(config.runs):
         points = sorted((r, c["test_loss"]) for r, c in sweep["cells"][run.name].items())
@@ -232,12 +229,6 @@ def _plots(config: StudyConfig, metrics: dict, out_dir: Path) -> list[str]:
     save_figure(fig, out_dir / "lr_sweep.png")
     names.append("lr_sweep.png")
     return names
-
-
-def _final_layers(final: dict) -> dict:
-    from ...diagnostics.callback import per_layer
-
-    return per_layer(final)
 
 
 def _setup(config: StudyConfig) -> str:
@@ -407,7 +398,7 @@ def write_report(config: StudyConfig, out: Path | None = None, command: str = "m
     """Write `STUDY.md`, `study.json` and the plots into the study folder, and the Markdown also to `out`
     (image links relative to `out`)."""
     summary = summarize_study(config)
-    images = _plots(config, summary["metrics"], config.run_dir)
+    images = _plots(config, summary["metrics"], summary["sweep"], config.run_dir)
     atomic_write_text(config.run_dir / "STUDY.md", markdown(config, summary, images, command))
     sweep = {
         str(r): {n: c.get(r) for n, c in summary["sweep"]["cells"].items()} for r in summary["sweep"]["rates"]

@@ -35,10 +35,8 @@ def claim_study_dir(config: StudyConfig) -> None:
     if saved is None and run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} is not empty and holds no {CONFIG_FILE}; pass --overwrite")
     if saved is not None:
-        now = StudyConfig.from_dict(saved).identity()
-        changed = sorted(
-            k for k in set(now) | set(config.identity()) if now.get(k) != config.identity().get(k)
-        )
+        before, now = StudyConfig.from_dict(saved).identity(), config.identity()
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
         if changed:
             raise FileExistsError(
                 f"{run_dir} holds a different study (changed: {', '.join(changed)}); pass --overwrite or "

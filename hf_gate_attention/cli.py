@@ -21,6 +21,7 @@ import torch
 
 from .core.config import GateConfig
 from .core.hooks import GATE_MODULE_NAME
+from .core.patching import BACKENDS
 
 PROG = "hf-gate-attention"
 # Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
@@ -41,6 +42,16 @@ def _add_gate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", choices=["identity", "paper"], default=defaults.init)
     parser.add_argument("--top-k", type=int, default=None, help="keep the k largest gates per token (sparse)")
     parser.add_argument("--layers", type=_parse_layers, default=None, help="layer indices, e.g. 0,1,2")
+
+
+def _add_backend_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="what runs the gates: torch (reference), triton (fused kernels, CUDA), auto (default: triton on "
+        "a CUDA GPU when supported, else torch)",
+    )
 
 
 def _load_processor(model_path: str):
@@ -187,8 +198,10 @@ def cmd_push(args) -> None:
         private=args.private,
         revision=args.revision,
         commit_message=args.commit_message,
+        commit_description=args.commit_description,
         token=args.token,
         create_pr=args.create_pr,
+        tags=args.tag,
         **_card_options(args),
     )
     print(f"Pushed {args.folder} to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
@@ -250,13 +263,13 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
     return inputs[: args.max_inputs]
 
 
-def _load_for_diagnosis(name_or_path: str, attn_implementation: str):
-    """`(model in float32, its local path)`, gated or not."""
+def _load_for_diagnosis(name_or_path: str, attn_implementation: str, backend: str):
+    """`(model in float32, its local path)`, gated (its gates run on `backend`) or not."""
     from .offline import resolve_model
     from .sharing.loading import load_model
 
     path = resolve_model(name_or_path)
-    model = load_model(path, backend="torch", dtype=torch.float32, attn_implementation=attn_implementation)
+    model = load_model(path, backend=backend, dtype=torch.float32, attn_implementation=attn_implementation)
     return model, path
 
 
@@ -275,7 +288,7 @@ def cmd_diagnose(args) -> None:
     results = {}
     prepared: dict[str, list[dict]] = {}  # tokenizer / processor folder -> inputs, read once per folder
     for label, name in zip(labels, args.models, strict=True):
-        model, path = _load_for_diagnosis(name, args.attn_implementation)
+        model, path = _load_for_diagnosis(name, args.attn_implementation, args.backend)
         source = args.tokenizer or path
         if source not in prepared:
             prepared[source] = _diagnosis_inputs(args, path)
@@ -329,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     push_parser.add_argument("--private", action="store_true", default=None, help="create the repo private")
     push_parser.add_argument("--revision", help="branch to push to (created if missing)")
     push_parser.add_argument("--commit-message")
+    push_parser.add_argument("--commit-description")
+    push_parser.add_argument("--tag", action="append", help="tag added to the card's metadata (repeatable)")
     push_parser.add_argument("--create-pr", action="store_true", help="open a pull request instead")
     push_parser.add_argument("--token", help="Hub token (default: HF_TOKEN or `hf auth login`)")
     push_parser.set_defaults(func=cmd_push)
@@ -354,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", help="where the tokenizer / image processor is, when not saved with the models"
     )
     diagnose_parser.add_argument("--attn-implementation", default="sdpa", help="sdpa (default), eager, ...")
+    _add_backend_option(diagnose_parser)
     diagnose_parser.set_defaults(func=cmd_diagnose)
 
     info_parser = commands.add_parser("info", help="what a gated checkpoint contains")

@@ -338,6 +338,32 @@ def test_cli_writes_json_and_plots_and_prints_a_table(tmp_path, capsys):
     assert (out / "layers.png").is_file()
 
 
+def test_cli_backend_flag_chooses_what_runs_the_gates(tmp_path, capsys):
+    model_dir = make_tiny_model(tmp_path / "model")
+    gated = tmp_path / "gated"
+    assert cli_main(["patch", str(model_dir), str(gated), "--init", "paper"]) == 0
+    texts = tmp_path / "texts.txt"
+    texts.write_text("w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12\n")
+    results = {}
+    for backend in ("torch", "triton"):  # triton: the kernels through the interpreter on CPU
+        out = tmp_path / backend
+        args = ["diagnose", str(gated), "--text-file", str(texts), "--out", str(out), "--backend", backend]
+        assert cli_main(args) == 0, capsys.readouterr().err
+        results[backend] = json.loads((out / "diagnostics.json").read_text())
+    assert [results[b]["model"]["backend"] for b in ("torch", "triton")] == ["torch", "triton"]
+    for kind in ("first_token", "top1"):
+        torch.testing.assert_close(
+            torch.tensor(results["triton"]["attention"][kind]),
+            torch.tensor(results["torch"]["attention"][kind]),
+        )
+    torch.testing.assert_close(
+        torch.tensor(results["triton"]["gates"]["mean"]), torch.tensor(results["torch"]["gates"]["mean"])
+    )
+    with pytest.raises(SystemExit):
+        cli_main(["diagnose", str(gated), "--out", str(tmp_path / "x"), "--backend", "cuda"])
+    assert "invalid choice: 'cuda'" in capsys.readouterr().err
+
+
 def test_cli_diagnoses_a_vision_model_on_image_files(tmp_path, capsys):
     from PIL import Image
 

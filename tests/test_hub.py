@@ -7,6 +7,7 @@ interpreter with `HF_ENDPOINT` set, because `huggingface_hub` and transformers r
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import torch
 import transformers
 from helpers import tiny_model
 from hub_server import TOKEN, FakeHub
-from huggingface_hub import constants
+from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import LocalTokenNotFoundError
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -250,10 +251,46 @@ def test_server_refuses_writes_without_token(hub):
     assert error.value.code == 401 and hub.repos == {}
 
 
-def test_model_push_to_hub_method(hub, card_calls):
+def test_model_push_to_hub_method_takes_transformers_keywords(hub, card_calls):
     model = tiny_gated_model()
-    if getattr(model.push_to_hub, "__func__", None) is type(model).push_to_hub:
-        pytest.skip("patch() does not bind hf_gate_attention.sharing.hub.push_to_hub on the model yet")
-    info = model.push_to_hub("alice/method", private=True, commit_message="from the model", token=TOKEN)
-    assert hub.commits[-1]["summary"] == "from the model" and hub.repos["alice/method"].private
-    assert "README.md" in hub.files("alice/method") and info.oid == hub.head("alice/method")
+    transformers_keywords = set(inspect.signature(transformers.PreTrainedModel.push_to_hub).parameters)
+    assert transformers_keywords - {"self"} <= set(inspect.signature(push_to_hub).parameters)
+    info = model.push_to_hub(
+        "alice/method",
+        private=True,
+        commit_message="from the model",
+        commit_description="details",
+        tags=["summarization", "gated-attention"],
+        max_shard_size="1MB",
+        token=TOKEN,
+    )
+    assert hub.commits[-1]["summary"] == "from the model" and hub.commits[-1]["description"] == "details"
+    assert hub.repos["alice/method"].private and info.oid == hub.head("alice/method")
+    tags = ModelCard(hub.files("alice/method")["README.md"].decode()).data.tags
+    assert tags[-1] == "summarization" and tags.count("gated-attention") == 1 and "hf-gate-attention" in tags
+
+
+def test_tags_reach_a_folders_own_card_in_the_upload_only(hub, tmp_path):
+    folder = tmp_path / "saved"
+    tiny_gated_model().save_pretrained(folder)
+    (folder / "README.md").write_text("---\nlicense: mit\ntags:\n- mine\n---\n# my card\n")
+    before = folder_files(folder)
+    push_to_hub(folder, "alice/tagged", tags=["extra", "mine"], token=TOKEN)
+    assert folder_files(folder) == before
+    uploaded = ModelCard(hub.files("alice/tagged")["README.md"].decode())
+    assert uploaded.data.tags == ["mine", "extra"] and uploaded.data.license == "mit"
+    assert uploaded.text.strip() == "# my card"
+    for bad in ("extra", [""], [3]):
+        with pytest.raises(ValueError, match=r"tags=.*accepted: a list of non-empty strings"):
+            push_to_hub(folder, "alice/tagged", tags=bad, token=TOKEN)
+
+
+def test_cli_push_passes_tags_and_commit_description(hub, tmp_path):
+    from hf_gate_attention.cli import main
+
+    folder = tmp_path / "saved"
+    tiny_gated_model().save_pretrained(folder)
+    args = ["push", str(folder), "alice/cli", "--tag", "one", "--tag", "two", "--commit-description", "why"]
+    assert main([*args, "--token", TOKEN]) == 0
+    assert hub.commits[-1]["description"] == "why"
+    assert ModelCard(hub.files("alice/cli")["README.md"].decode()).data.tags[-2:] == ["one", "two"]

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from hf_gate_attention import gate_backend_of
 from hf_gate_attention.recipes.pretraining import corpus as corpus_module
 from hf_gate_attention.recipes.pretraining.cli import main as study_main
 from hf_gate_attention.recipes.pretraining.config import StudyConfig
 from hf_gate_attention.recipes.pretraining.corpus import SOURCES, build_corpus, read_documents, split_of
 from hf_gate_attention.recipes.pretraining.report import _compare_lower, mean_ci
 from hf_gate_attention.recipes.pretraining.study import run_study
+from hf_gate_attention.recipes.pretraining.train import build_model
 
 WORDS = [
     "the",
@@ -235,6 +237,8 @@ def test_bad_input_is_reported(tmp_path, capsys):
         StudyConfig.from_dict({**keys, "sweep_learning_rates": [0.003]})
     with pytest.raises(ValueError, match="unknown config key 'max_step'"):
         StudyConfig.from_dict({**keys, "max_step": 3})
+    with pytest.raises(ValueError, match="backend='cuda' is not valid; accepted: auto, torch, triton"):
+        StudyConfig.from_dict({**keys, "backend": "cuda"})
     code = study_main(["--corpus", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "r")])
     assert code == 2 and "corpus folder" in capsys.readouterr().err
     first = StudyConfig.from_dict(keys)
@@ -242,6 +246,15 @@ def test_bad_input_is_reported(tmp_path, capsys):
     (first.run_dir / "config.json").write_text(json.dumps(first.to_dict()))
     with pytest.raises(FileExistsError, match="different study"):
         run_study(StudyConfig.from_dict({**keys, "max_steps": 5, "resume": True}))
+
+
+def test_backend_runs_the_gates_and_is_not_part_of_the_identity(tmp_path):
+    config = StudyConfig.from_dict(tiny_study(tmp_path))
+    job = next(job for job in config.jobs() if job.run.gate is not None)
+    for backend in ("torch", "triton"):  # triton: the kernels through the interpreter on CPU
+        other = StudyConfig.from_dict({**config.to_dict(), "backend": backend})
+        assert gate_backend_of(build_model(other, job, vocab_size=50, eos_token_id=0)) == backend
+        assert other.identity() == config.identity()
 
 
 def test_confidence_intervals_and_verdict_rules():

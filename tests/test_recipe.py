@@ -11,10 +11,12 @@ import transformers
 from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
 from safetensors import safe_open
 
+from hf_gate_attention import gate_backend_of
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
 from hf_gate_attention.recipes.summarization.config import parse_overrides
 from hf_gate_attention.recipes.summarization.files import check_run_dir, claim_run_dir
+from hf_gate_attention.recipes.summarization.train import load_pretrained
 
 # ------------------------------------------------------------------------------------------- end to end
 
@@ -87,6 +89,16 @@ def test_training_modes_train_the_same_set_minus_the_gates(tiny_assets, tmp_path
         assert baseline["global_step"] == gated["global_step"] == 2
         assert (out / "output-headwise" / "model" / "adapter_config.json").is_file()
     assert (out / "comparison.md").is_file()
+
+
+def test_backend_runs_the_gates_and_is_not_part_of_a_runs_identity(tiny_assets, tmp_path):
+    config = RecipeConfig.from_dict(tiny_config(tiny_assets, tmp_path / "results", runs=RUNS[:2]))
+    for backend in ("torch", "triton"):  # triton: the kernels through the interpreter on CPU
+        model = load_pretrained(config.replace(backend=backend), str(tiny_assets["model"]), config.runs[1])
+        assert gate_backend_of(model) == backend
+    claim_run_dir(config)
+    (config.run_dir / "baseline").mkdir()
+    check_run_dir(config.replace(resume=True, backend="triton"))  # same run, run another way
 
 
 class StopAtStep(transformers.TrainerCallback):
@@ -176,6 +188,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys, where):
         ({"runs": [{"name": "a", "gates": None}]}, "'gates'"),
         ({"runs": [{"name": "a"}, {"name": "b"}]}, "at most one"),
         ({"train": "everything"}, "train='everything'"),
+        ({"backend": "cuda"}, "backend='cuda' is not valid; accepted: auto, torch, triton"),
         ({"max_steps": "many"}, "'max_steps'"),
     ],
 )

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..core.families import family_for
 from ..core.hooks import GATE_MODULE_NAME, PATCHES_ATTRIBUTE, find_attention_blocks, unwrap_model
+from ..core.patching import gate_backend_of, is_patched
 
 PROBE_PREFIX = "hf_gate_attention_probe_"
 GATE_HISTOGRAM_BINS = 200
@@ -331,6 +332,7 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
         "num_layers": len(blocks),
         "attn_implementation": original,
         "gate": getattr(base.config, "gate_attention", None),
+        "backend": gate_backend_of(base) if is_patched(base) else None,
     }
     result["inputs"] = {"count": len(items), "skip_queries": skip_queries}
     result["summary"] = summarize(result)

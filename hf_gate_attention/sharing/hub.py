@@ -8,11 +8,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, ModelCard, get_token
 from huggingface_hub.errors import LocalTokenNotFoundError
 
 from ..core.hooks import CONFIG_ATTRIBUTE, unwrap_model
 from ..core.patching import is_patched
+from ..files import atomic_write_text
 
 DEFAULT_COMMIT_MESSAGE = "Upload gated model (hf-gate-attention)"
 
@@ -33,8 +34,13 @@ def push_to_hub(
     token: str | bool | None = None,
     create_pr: bool = False,
     max_shard_size: int | str = "50GB",
+    tags: list[str] | None = None,
 ):
     """Upload a patched model, or a folder saved from one, with a model card; returns the `CommitInfo`.
+
+    Takes every keyword of transformers' `PreTrainedModel.push_to_hub` (`commit_message`,
+    `commit_description`, `private`, `token`, `revision`, `create_pr`, `max_shard_size`, `tags`), so a patched
+    model's `model.push_to_hub(...)` accepts what users already pass.
 
     Args:
         model_or_folder: a model patched with `patch`, or the path of a folder written by the
@@ -48,7 +54,10 @@ def push_to_hub(
             `revision` is a branch, created from main if missing; `private` only applies to a new repo.
         token (`str`, *optional*): defaults to `huggingface_hub.get_token()` (`HF_TOKEN` or `hf auth login`).
         max_shard_size: passed to `save_pretrained` (model input only).
+        tags (`list[str]`, *optional*): added to the card's metadata `tags` (after the card's own tags; also
+            to a README.md the folder already has, in the uploaded copy only).
     """
+    tags = _checked_tags(tags)
     if isinstance(model_or_folder, (str, os.PathLike)):
         source = Path(model_or_folder)
         if processor is not None:
@@ -76,6 +85,8 @@ def push_to_hub(
             write_model_card(
                 folder, results=results, run=run, base_model=base_model, datasets=datasets, repo_id=repo_id
             )
+        if tags:
+            _add_tags(folder / "README.md", tags)
 
         api = HfApi(token=token)
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
@@ -89,6 +100,25 @@ def push_to_hub(
             commit_description=commit_description,
             create_pr=create_pr,
         )
+
+
+def _checked_tags(tags) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
+        raise ValueError(
+            f"tags={tags!r} is not valid; accepted: a list of non-empty strings, e.g. ['summarization']"
+        )
+    return list(tags)
+
+
+def _add_tags(card_file: Path, tags: list[str]) -> None:
+    """Add `tags` to the metadata of the card at `card_file` (a file of the staging folder: a link to the
+    user's own card is replaced, never written through)."""
+    model_card = ModelCard.load(card_file)
+    model_card.data.tags = list(dict.fromkeys([*(model_card.data.tags or []), *tags]))
+    card_file.unlink()
+    atomic_write_text(card_file, str(model_card))
 
 
 def _check_model(model) -> None:

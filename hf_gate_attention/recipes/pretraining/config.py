@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.config import GateConfig
+from ...core.patching import BACKENDS
 from ..summarization.config import RUN_NAME, RunSpec, from_mapping
 
 # keys that say where the study lives or how this invocation behaves; never part of its identity
-INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "corpus_archives", "cache_dir")
+INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend", "corpus_archives", "cache_dir")
 
 
 def _default_runs() -> list[RunSpec]:
@@ -45,6 +46,7 @@ class StudyConfig:
         name, output_dir: results go to `<output_dir>/<name>/` (`STUDY.md` is written by `report`).
         overwrite, resume: start over, or continue (finished jobs are kept, interrupted ones restart from
             their last checkpoint).
+        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
         runs (`list`): the compared models `{name, gate}` (`gate: null` is the ungated baseline).
         main_runs (`list[str]`): the runs trained with every seed of `seeds` (the others with the first).
         seeds (`list[int]`): initialisation seeds; the data order (`data_seed`) is the same for all.
@@ -75,6 +77,7 @@ class StudyConfig:
     output_dir: str = "results"
     overwrite: bool = False
     resume: bool = False
+    backend: str = "auto"
     runs: list[RunSpec] = field(default_factory=_default_runs)
     main_runs: list[str] = field(default_factory=lambda: ["baseline", "output-elementwise"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -114,6 +117,8 @@ class StudyConfig:
         self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
         if not RUN_NAME.match(self.name):
             raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
         names = [r.name for r in self.runs]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")

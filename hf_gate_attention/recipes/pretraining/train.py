@@ -42,7 +42,7 @@ def build_model(config: StudyConfig, job: Job, vocab_size: int, eos_token_id: in
         pad_token_id=eos_token_id,
     )
     model = LlamaForCausalLM._from_config(model_config, attn_implementation="sdpa")
-    return patch(model, job.run.gate) if job.run.gate is not None else model
+    return patch(model, job.run.gate, backend=config.backend) if job.run.gate is not None else model
 
 
 def training_arguments(config: StudyConfig, job: Job, checkpoint_dir: Path) -> TrainingArguments:

@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 
 from ...core.config import GateConfig
+from ...core.patching import BACKENDS
 from .data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
 
 TRAIN_MODES = ("full", "gates", "gates+lora")
 # Keys that say where a run lives or how this invocation behaves; never part of a run's identity.
-INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume")
+INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend")
 # Keys that `--resume` may change: they extend the training budget or only touch bookkeeping.
 RESUMABLE_KEYS = (
     "runs",  # only by appending new runs
@@ -81,6 +82,8 @@ class RecipeConfig:
         resume (`bool`): continue the run in `<output_dir>/<name>/`: finished trainings are kept, interrupted
             ones restart from their last checkpoint. Only the keys in `RESUMABLE_KEYS` may change (`runs`
             only by appending new runs, which are trained; the others are kept).
+        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch` (`"torch"`, `"triton"`,
+            `"auto"`); how this invocation runs, not part of a run's identity (`--resume` may change it).
         runs (`list`): the compared models, each `{name, gate}`; `gate` is a `GateConfig` mapping, or null for
             the ungated baseline (at most one; deltas and speed ratios are computed against it).
 
@@ -122,6 +125,7 @@ class RecipeConfig:
     output_dir: str = "results"
     overwrite: bool = False
     resume: bool = False
+    backend: str = "auto"
     runs: list[RunSpec] = field(default_factory=_default_runs)
     # model
     model: str = "SmolLM2-135M-Instruct"
@@ -185,7 +189,11 @@ class RecipeConfig:
             raise ValueError(f"run names must be unique, got {names}")
         if sum(r.is_baseline for r in self.runs) > 1:
             raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
-        for key, accepted in (("train", TRAIN_MODES), ("truncation", TRUNCATION_STRATEGIES)):
+        for key, accepted in (
+            ("train", TRAIN_MODES),
+            ("truncation", TRUNCATION_STRATEGIES),
+            ("backend", BACKENDS),
+        ):
             if getattr(self, key) not in accepted:
                 raise ValueError(
                     f"{key}={getattr(self, key)!r} is not valid; accepted: {', '.join(accepted)}"

@@ -54,7 +54,7 @@ def load_trained_model(config: RecipeConfig, run: RunSpec, model_path: str):
         base = load_pretrained(config, model_path, run, dtype)
         model = import_peft().PeftModel.from_pretrained(base, str(final)).merge_and_unload()
     elif run.gate is not None:
-        model = load_gated(str(final), AutoModelForCausalLM, **kwargs)
+        model = load_gated(str(final), AutoModelForCausalLM, backend=config.backend, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(str(final), **kwargs)
     return model.to(inference_device()).eval()

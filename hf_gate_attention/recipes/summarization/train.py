@@ -54,7 +54,7 @@ def load_pretrained(config: RecipeConfig, model_path: str, run: RunSpec, dtype=t
     model = AutoModelForCausalLM.from_pretrained(
         model_path, dtype=dtype, attn_implementation=config.attn_implementation
     )
-    return patch(model, run.gate) if run.gate is not None else model
+    return patch(model, run.gate, backend=config.backend) if run.gate is not None else model
 
 
 def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):

@@ -44,7 +44,9 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     """Rebuild a gated model saved with `save_pretrained` (local folder or Hub id).
 
     Args:
-        path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry.
+        path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry, or a
+            checkpoint in the paper's layout (gates packed into `q_proj`), converted by
+            `layouts.load_paper_checkpoint`.
         model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
             defaults to the class named in `config.architectures`.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates here, as in `patch`; the
@@ -53,6 +55,10 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "subfolder") if k in kwargs}
     config = transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
+    from .layouts import is_paper_config, load_paper_checkpoint  # layouts reads checkpoints with this module
+
+    if is_paper_config(config.to_dict()):
+        return load_paper_checkpoint(path, model_class, backend=backend, **kwargs)
     gate_dict = getattr(config, CONFIG_ATTRIBUTE, None)
     if gate_dict is None:
         raise ValueError(

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 import hf_gate_attention
 from hf_gate_attention import GateConfig, gate_config_of, patch
+from hf_gate_attention.cli import main
 from hf_gate_attention.sharing.layouts import (
     load_paper_checkpoint,
     ours_to_qwen3_next_attention,
@@ -521,3 +522,46 @@ def test_qwen3_next_refuses_what_does_not_match():
     ours["attn_gate.bias"] = torch.ones(HEADS * HEAD_DIM)
     with pytest.raises(ValueError, match="the gate bias is nonzero but attention_bias is false"):
         ours_to_qwen3_next_attention(ours, model.config, config)
+
+
+# ---- command line ---------------------------------------------------------------------------------------
+
+
+def test_cli_convert_both_ways(paper_checkpoints, tmp_path, capsys):
+    folder, config, tensors = paper_checkpoints[("headwise", True, False)]
+    assert main(["convert", str(folder), str(tmp_path / "ours")]) == 0
+    assert "Wrote LlamaForCausalLM (headwise gates) in our layout" in capsys.readouterr().out
+    assert (tmp_path / "ours" / "modeling_gated_attention.py").is_file()
+    model = hf_gate_attention.from_pretrained(str(tmp_path / "ours"), attn_implementation="eager")
+    expected = _paper_reference_logits(config, tensors, INPUT_IDS)
+    torch.testing.assert_close(_logits(model), expected, rtol=1e-5, atol=1e-5)
+
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "paper"), "--to", "paper"]) == 0
+    back = load_file(tmp_path / "paper" / "model.safetensors")
+    assert back.keys() == tensors.keys() and all(torch.equal(back[key], tensors[key]) for key in tensors)
+
+
+def test_cli_convert_bad_input_exits_with_one_line(tmp_path, capsys):
+    tiny_model("qwen3").save_pretrained(tmp_path / "plain")
+    patch(tiny_model("qwen3"), GateConfig()).save_pretrained(tmp_path / "identity")
+    capsys.readouterr()  # transformers' progress bars
+    cases = [
+        (["convert", str(tmp_path / "plain"), str(tmp_path / "out")], "sets neither of"),
+        (["convert", str(tmp_path / "identity"), str(tmp_path / "out"), "--to", "paper"], "init='identity'"),
+        (
+            ["convert", str(tmp_path / "plain"), str(tmp_path / "identity")],
+            "exists and is not an empty folder",
+        ),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
+        assert last.startswith("hf-gate-attention: error:") and message in last
+    assert not (tmp_path / "out").exists()
+
+
+def test_public_names_are_lazy_exports():
+    for name in ("load_paper_checkpoint", "save_in_paper_layout"):
+        assert getattr(hf_gate_attention, name) is globals()[name]
+    assert hf_gate_attention.qwen3_next_attention_to_ours is qwen3_next_attention_to_ours
+    assert hf_gate_attention.ours_to_qwen3_next_attention is ours_to_qwen3_next_attention

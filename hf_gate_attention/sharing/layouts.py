@@ -384,8 +384,8 @@ def _paper_export_problems(model: nn.Module, gate: GateConfig) -> list[str]:
         )
     if gate.top_k is not None:
         problems.append(f"top_k={gate.top_k} (the paper's gates are dense)")
-    gated = set(find_attention_blocks(model, DECODER)) if gate.layers is None else set(gate.layers)
     every = set(find_attention_blocks(model, DECODER))
+    gated = every if gate.layers is None else set(gate.layers)
     if gated != every:
         problems.append(f"gates on layers {sorted(gated)} only (the paper's layout gates all {len(every)})")
     if getattr(config, "mlp_bias", False):
@@ -449,12 +449,11 @@ def check_qwen3_next_match(next_config, config) -> None:
         theirs, ours = getattr(next_config, field, None), getattr(config, field, None)
         if theirs != ours:
             problems.append(f"{field} {theirs} (Qwen3-Next) != {ours}")
-    next_rope = dict(next_config.rope_parameters or {})
-    factor = next_rope.pop("partial_rotary_factor", 1.0)
-    if factor != 1.0:
-        problems.append(f"partial_rotary_factor {factor} (Qwen3-Next) != 1.0, the full rotary of qwen3")
-    our_rope = dict(config.rope_parameters or {})
-    our_rope.pop("partial_rotary_factor", None)
+    next_rope, our_rope = dict(next_config.rope_parameters or {}), dict(config.rope_parameters or {})
+    for side, rope in (("Qwen3-Next", next_rope), ("qwen3", our_rope)):
+        factor = rope.pop("partial_rotary_factor", 1.0)
+        if factor != 1.0:
+            problems.append(f"partial_rotary_factor {factor} ({side}) != 1.0 (qwen3 rotates every channel)")
     if next_rope != our_rope:
         problems.append(f"rotary parameters {next_rope} (Qwen3-Next) != {our_rope}")
     if problems:

@@ -46,6 +46,15 @@ _LAZY = {
     "write_model_card": "card",
     "from_pretrained": "loading",
     **{
+        name: "layouts"
+        for name in (
+            "load_paper_checkpoint",
+            "save_in_paper_layout",
+            "qwen3_next_attention_to_ours",
+            "ours_to_qwen3_next_attention",
+        )
+    },
+    **{
         name: "loading"
         for name in (
             "AutoGatedModel",

@@ -6,6 +6,7 @@ hf-gate-attention card smollm2-gated --results results/reproduce
 hf-gate-attention push smollm2-gated me/smollm2-gated --private
 hf-gate-attention summarize --config recipes/summarization/configs/demo.yaml
 hf-gate-attention diagnose SmolLM2-135M-Instruct smollm2-gated --out diagnostics/
+hf-gate-attention convert QwQZh/gated_attention gated-headwise --subfolder 1B_gate_headwise
 """
 
 from __future__ import annotations
@@ -302,6 +303,36 @@ def cmd_diagnose(args) -> None:
     print(summary)
 
 
+def cmd_convert(args) -> None:
+    """Convert a checkpoint in the paper's layout to ours (`--to ours`) or one of ours to the paper's."""
+    import transformers
+
+    from .core.patching import gate_config_of
+    from .files import staged_folder
+    from .sharing.layouts import load_paper_checkpoint, write_paper_layout
+    from .sharing.loading import from_pretrained
+
+    hub = {"subfolder": args.subfolder} if args.subfolder else {}
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.source, **hub)
+    except (OSError, ValueError, KeyError):
+        tokenizer = None
+    with staged_folder(Path(args.output), overwrite=args.overwrite) as staging:
+        if args.to == "ours":
+            model = load_paper_checkpoint(args.source, backend="torch", **hub)
+            model.save_pretrained(staging)
+        else:
+            model = from_pretrained(args.source, backend="torch", **hub)
+            write_paper_layout(model, staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+    layout = "our layout" if args.to == "ours" else "the paper's layout"
+    granularity = gate_config_of(model).granularity
+    print(f"Wrote {type(model).__name__} ({granularity} gates) in {layout} to {args.output}")
+    if tokenizer is None:
+        print("warning: no tokenizer found beside the source checkpoint; none saved", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -371,6 +402,21 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose_parser.add_argument("--attn-implementation", default="sdpa", help="sdpa (default), eager, ...")
     _add_backend_option(diagnose_parser)
     diagnose_parser.set_defaults(func=cmd_diagnose)
+
+    convert_parser = commands.add_parser(
+        "convert", help="convert a gated checkpoint between the paper's q_proj layout and ours"
+    )
+    convert_parser.add_argument("source", help="checkpoint folder or Hub id (e.g. QwQZh/gated_attention)")
+    convert_parser.add_argument("output", help="folder to write (must be new or empty, or --overwrite)")
+    convert_parser.add_argument(
+        "--to",
+        choices=["ours", "paper"],
+        default="ours",
+        help="ours (default): read a checkpoint in the paper's layout; paper: read one of ours",
+    )
+    convert_parser.add_argument("--subfolder", help="folder inside the Hub repo (e.g. 1B_gate_headwise)")
+    convert_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    convert_parser.set_defaults(func=cmd_convert)
 
     info_parser = commands.add_parser("info", help="what a gated checkpoint contains")
     info_parser.add_argument("checkpoint", help="gated checkpoint folder or Hub id")

@@ -1,11 +1,15 @@
-"""Files: atomic writes (a temporary file in the target's folder, then a rename; never a half-written file)
-and the one JSON reader."""
+"""Files: atomic writes (a temporary file or folder beside the target, then a rename; never a half-written
+file or folder) and the one JSON reader."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,29 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@contextmanager
+def staged_folder(path: Path, overwrite: bool = False) -> Iterator[Path]:
+    """A new temporary folder beside `path` to write into, renamed to `path` when the block ends without an
+    error (replacing `path` only with `overwrite`), removed otherwise."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
+        raise ValueError(
+            f"{path} exists and is not an empty folder; pass overwrite=True (--overwrite) to replace it"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        yield staging
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def read_json(path: Path) -> Any:

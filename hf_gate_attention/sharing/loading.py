@@ -19,6 +19,12 @@ _INDEX_FILE = "model.safetensors.index.json"
 
 def gate_tensors(path: str, **hub_kwargs) -> dict:
     """The `attn_gate` tensors of a checkpoint (single or sharded safetensors), by state_dict key."""
+    return checkpoint_tensors(path, lambda key: f".{GATE_MODULE_NAME}." in key, **hub_kwargs)
+
+
+def checkpoint_tensors(path: str, select=None, **hub_kwargs) -> dict:
+    """The tensors of a checkpoint (single or sharded safetensors) whose key `select(key)` accepts (all by
+    default), by state_dict key."""
     index_file = cached_file(path, _INDEX_FILE, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
     if index_file is not None:
         with open(index_file) as f:
@@ -29,7 +35,7 @@ def gate_tensors(path: str, **hub_kwargs) -> dict:
     for shard in shards:
         with safe_open(cached_file(path, shard, **hub_kwargs), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if f".{GATE_MODULE_NAME}." in key:
+                if select is None or select(key):
                     tensors[key] = f.get_tensor(key)
     return tensors
 
@@ -38,15 +44,21 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     """Rebuild a gated model saved with `save_pretrained` (local folder or Hub id).
 
     Args:
-        path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry.
+        path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry, or a
+            checkpoint in the paper's layout (gates packed into `q_proj`), converted by
+            `layouts.load_paper_checkpoint`.
         model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
             defaults to the class named in `config.architectures`.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates here, as in `patch`; the
             checkpoint only says what the gates compute (a `backend` saved by older versions is ignored).
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
     """
-    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir") if k in kwargs}
+    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "subfolder") if k in kwargs}
     config = transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
+    from .layouts import is_paper_config, load_paper_checkpoint  # layouts reads checkpoints with this module
+
+    if is_paper_config(config.to_dict()):
+        return load_paper_checkpoint(path, model_class, backend=backend, **kwargs)
     gate_dict = getattr(config, CONFIG_ATTRIBUTE, None)
     if gate_dict is None:
         raise ValueError(

@@ -1,0 +1,520 @@
+"""Gated attention published in other layouts: the gate packed into a wider `q_proj`, converted to and from
+ours (`attn_gate.weight (H*w, hidden)`, `attn_gate.bias (H*w,)`, variant `output`, `init="paper"`).
+
+Shapes: `H` query heads, `KV` key/value heads, `G = H // KV` query heads per key/value group, `D` head_dim,
+`w` = 1 (headwise) or `D` (elementwise). Both layouts gate the attention output with `sigmoid(gate)` before
+`o_proj`, which is our `variant="output", init="paper"` gate with the gate rows of `q_proj` as its weight.
+
+- `"paper"` (Qiu et al., github.com/qiuzh20/gated_attention, `model_type: "qwen3"` with the flags
+  `headwise_attn_output_gate` / `elementwise_attn_output_gate`): `q_proj: (H*D + H*w, hidden)` laid out per
+  key/value group, `[G*D query rows | G*w gate rows]` for each of the `KV` groups.
+- `"qwen3_next"` (transformers' `Qwen3NextAttention`, also Qwen3.5): `q_proj: (2*H*D, hidden)` laid out per
+  head, `[D query rows | D gate rows]` for each of the `H` heads; always elementwise.
+
+Whole paper checkpoints load with `load_paper_checkpoint` (also through `hf_gate_attention.from_pretrained`)
+and are written with `save_in_paper_layout`; a Qwen3-Next layer converts at state-dict level
+(`qwen3_next_attention_to_ours` / `ours_to_qwen3_next_attention`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from torch import nn
+from transformers.utils import cached_file
+
+from ..core.config import GateConfig
+from ..core.families import DECODER
+from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, find_attention_blocks, unwrap_model
+from ..core.patching import gate_config_of, is_patched, patch
+from ..files import atomic_write_json, staged_folder
+from .loading import checkpoint_tensors
+
+LAYOUTS = ("paper", "qwen3_next")
+PAPER_FLAGS = {"headwise": "headwise_attn_output_gate", "elementwise": "elementwise_attn_output_gate"}
+# config keys of the paper's Qwen3 that transformers' classes do not have
+PAPER_ONLY_KEYS = (*PAPER_FLAGS.values(), "use_qk_norm", "qkv_bias")
+# Qwen3 config keys that transformers' Llama does not have (sliding windows)
+QWEN3_ONLY_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+# our model type -> the paper's `use_qk_norm` (q/k RMSNorm per head); both put the bias on q, k, v and o
+PAPER_MODEL_TYPES = {"qwen3": True, "llama": False}
+PAPER_ARCHITECTURE = "Qwen3ForCausalLM"
+HUB_KWARGS = ("revision", "token", "cache_dir", "subfolder", "local_files_only", "force_download")
+# Qwen3-Next config fields that must equal the target qwen3 config's for the attention to compute the same
+QWEN3_NEXT_MATCHING_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "attention_bias",
+)
+_QUERY, _OUTPUT = DECODER.query, DECODER.output  # "q_proj", "o_proj" in llama and qwen3
+
+
+# ---- q_proj packing -------------------------------------------------------------------------------------
+
+
+def _check_heads(num_heads: int, num_kv_heads: int) -> None:
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}; "
+            "grouped-query attention needs whole groups"
+        )
+
+
+def q_proj_widths(num_heads: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
+    """Output width of `q_proj` in each layout for this geometry (`plain`: ungated)."""
+    return {
+        "plain": num_heads * head_dim,
+        "paper headwise": num_heads * head_dim + num_heads,
+        "paper elementwise": 2 * num_heads * head_dim,
+        "qwen3_next": 2 * num_heads * head_dim,
+    }
+
+
+def _gate_width(layout: str, granularity: str, head_dim: int) -> int:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not valid; accepted values: {', '.join(LAYOUTS)}")
+    if layout == "qwen3_next" and granularity != "elementwise":
+        raise ValueError(f"the qwen3_next layout is elementwise only; got granularity={granularity!r}")
+    if granularity not in PAPER_FLAGS:
+        raise ValueError(f"granularity={granularity!r} is not valid; accepted values: headwise, elementwise")
+    return 1 if granularity == "headwise" else head_dim
+
+
+def _packed_rows(layout: str, num_heads: int, num_kv_heads: int, head_dim: int, gate_width: int):
+    """`(units, query rows per unit, gate rows per unit)`: `KV` groups (paper) or `H` heads (qwen3_next)."""
+    if layout == "paper":
+        group = num_heads // num_kv_heads
+        return num_kv_heads, group * head_dim, group * gate_width
+    return num_heads, head_dim, head_dim
+
+
+def split_q_proj(
+    tensor: torch.Tensor,
+    layout: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    granularity: str = "elementwise",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a packed `q_proj` weight `(rows, hidden)` or bias `(rows,)` into `(query, gate)`.
+
+    Returns the query part `(H*D, ...)` (heads head-major, as an ungated `q_proj`) and the gate part
+    `(H*w, ...)` (our `attn_gate` rows). `ValueError` when `rows` is the width of no layout.
+    """
+    _check_heads(num_heads, num_kv_heads)
+    gate_width = _gate_width(layout, granularity, head_dim)
+    units, query_rows, gate_rows = _packed_rows(layout, num_heads, num_kv_heads, head_dim, gate_width)
+    if tensor.shape[0] != units * (query_rows + gate_rows):
+        widths = ", ".join(
+            f"{name} {width}" for name, width in q_proj_widths(num_heads, num_kv_heads, head_dim).items()
+        )
+        raise ValueError(
+            f"q_proj has {tensor.shape[0]} output rows, which is not the {layout} {granularity} layout: for "
+            f"{num_heads} heads, {num_kv_heads} key/value heads and head_dim {head_dim} the layouts expect "
+            f"{widths}"
+        )
+    per_unit = tensor.unflatten(0, (units, query_rows + gate_rows))  # (units, query_rows + gate_rows, ...)
+    query, gate = per_unit.split([query_rows, gate_rows], dim=1)
+    return query.flatten(0, 1), gate.flatten(0, 1)  # (H*D, ...), (H*w, ...)
+
+
+def pack_q_proj(
+    query: torch.Tensor, gate: torch.Tensor, layout: str, num_heads: int, num_kv_heads: int, head_dim: int
+) -> torch.Tensor:
+    """The inverse of `split_q_proj`: `query (H*D, ...)` and `gate (H*w, ...)` -> the packed `q_proj` tensor;
+    the granularity is read off the gate's rows (`H`: headwise, `H*D`: elementwise)."""
+    _check_heads(num_heads, num_kv_heads)
+    granularities = {num_heads: "headwise", num_heads * head_dim: "elementwise"}
+    if query.shape[0] != num_heads * head_dim or gate.shape[0] not in granularities:
+        raise ValueError(
+            f"cannot pack q_proj rows: query has {query.shape[0]} rows (expected {num_heads * head_dim}), "
+            f"gate {gate.shape[0]} (expected {num_heads} headwise or {num_heads * head_dim} elementwise)"
+        )
+    gate_width = _gate_width(layout, granularities[gate.shape[0]], head_dim)
+    units, query_rows, gate_rows = _packed_rows(layout, num_heads, num_kv_heads, head_dim, gate_width)
+    per_unit = torch.cat(
+        [query.unflatten(0, (units, query_rows)), gate.unflatten(0, (units, gate_rows))], dim=1
+    )  # (units, query_rows + gate_rows, ...)
+    return per_unit.flatten(0, 1)
+
+
+def _geometry(config) -> dict:
+    """`num_heads`, `num_kv_heads`, `head_dim` of a transformers config (or a config dict)."""
+    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+    num_heads = get("num_attention_heads")
+    num_kv_heads = get("num_key_value_heads") or num_heads
+    head_dim = get("head_dim") or get("hidden_size") // num_heads
+    _check_heads(num_heads, num_kv_heads)
+    return {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
+
+
+# ---- the paper's checkpoints ----------------------------------------------------------------------------
+
+
+def is_paper_config(config: dict) -> bool:
+    """Whether a `config.json` dict is a gated checkpoint in the paper's layout (either flag set)."""
+    return any(bool(config.get(flag)) for flag in PAPER_FLAGS.values())
+
+
+def paper_granularity(config: dict, source: str = "this checkpoint") -> str:
+    """`"headwise"` or `"elementwise"` from the paper's flags; `ValueError` unless exactly one is set."""
+    set_flags = [granularity for granularity, flag in PAPER_FLAGS.items() if config.get(flag)]
+    if len(set_flags) != 1:
+        state = "sets both" if set_flags else "sets neither of"
+        raise ValueError(
+            f"{source} {state} {' and '.join(PAPER_FLAGS.values())}; a gated checkpoint in the paper's "
+            "layout sets exactly one (neither: an ungated baseline, load it with transformers)"
+        )
+    if config.get("model_type") != "qwen3":
+        raise ValueError(
+            f"{source} has model_type={config.get('model_type')!r}; the paper's layout is model_type 'qwen3'"
+        )
+    return set_flags[0]
+
+
+def config_from_paper(config: dict) -> transformers.PretrainedConfig:
+    """The transformers config of a paper checkpoint's `config.json` dict: `Qwen3Config` when it uses q/k
+    norms (`use_qk_norm`, default true), else `LlamaConfig`; `attention_bias` = `qkv_bias` (both classes put
+    the bias on q, k, v and o, as the paper's code does); the paper-only keys and `auto_map` removed."""
+    use_qk_norm = config.get("use_qk_norm", True)
+    model_type = "qwen3" if use_qk_norm else "llama"
+    if not use_qk_norm and config.get("use_sliding_window"):
+        raise ValueError(
+            "use_qk_norm=false with use_sliding_window=true: transformers' Llama has no sliding window"
+        )
+    dropped = {
+        *PAPER_ONLY_KEYS,
+        "auto_map",
+        "model_type",
+        *(QWEN3_ONLY_KEYS if model_type == "llama" else ()),
+    }
+    data = {key: value for key, value in config.items() if key not in dropped}
+    data["attention_bias"] = bool(config.get("qkv_bias", False))
+    data["architectures"] = [f"{'Qwen3' if use_qk_norm else 'Llama'}ForCausalLM"]
+    return transformers.CONFIG_MAPPING[model_type].from_dict(data)
+
+
+def config_to_paper(model_config, granularity: str, qkv_bias: bool) -> dict:
+    """The `config.json` dict in the paper's layout of a llama or qwen3 config gated with `granularity`,
+    with `qkv_bias` (and `attention_bias`, which the paper's code does not read) set to `qkv_bias`.
+
+    The paper's code reads `rope_theta` and `rope_scaling` (transformers 5 keeps both in `rope_parameters`).
+    """
+    data = model_config.to_dict()
+    for key in (CONFIG_ATTRIBUTE, "auto_map", "rope_parameters"):
+        data.pop(key, None)
+    rope = dict(model_config.rope_parameters or {})
+    data["rope_theta"] = rope.pop("rope_theta")
+    data["rope_scaling"] = None if rope.get("rope_type", "default") == "default" and len(rope) <= 1 else rope
+    data.update(
+        model_type="qwen3",
+        architectures=[PAPER_ARCHITECTURE],
+        use_qk_norm=PAPER_MODEL_TYPES[model_config.model_type],
+        qkv_bias=qkv_bias,
+        attention_bias=qkv_bias,
+        **{flag: name == granularity for name, flag in PAPER_FLAGS.items()},
+    )
+    return data
+
+
+def _attention_blocks(state: dict) -> list[str]:
+    """Prefixes of the attention blocks (`model.layers.3.self_attn`) in a llama/qwen3 state dict."""
+    suffix = f".{_QUERY}.weight"
+    return sorted(
+        key[: -len(suffix)]
+        for key in state
+        if key.endswith(suffix) and DECODER.match_block(key[: -len(suffix)]) is not None
+    )
+
+
+def _check_output_width(state: dict, block: str, geometry: dict) -> None:
+    width = state[f"{block}.{_OUTPUT}.weight"].shape[1]
+    expected = geometry["num_heads"] * geometry["head_dim"]
+    if width != expected:
+        raise ValueError(
+            f"{block}.{_OUTPUT} takes {width} inputs but num_attention_heads * head_dim = "
+            f"{geometry['num_heads']} * {geometry['head_dim']} = {expected}: the head counts do not match "
+            "the weights"
+        )
+
+
+def paper_state_dict_to_ours(state: dict, config: dict) -> dict:
+    """A paper checkpoint's tensors (config dict `config`) -> the state dict of our patched model: each
+    `q_proj` split into the query rows and `attn_gate.weight`; `attn_gate.bias` from `q_proj.bias` (zeros
+    when `qkv_bias` is false)."""
+    granularity = paper_granularity(config)
+    geometry = _geometry(config)
+    converted = dict(state)
+    for block in _attention_blocks(state):
+        _check_output_width(state, block, geometry)
+        query_weight, gate_weight = split_q_proj(
+            converted.pop(f"{block}.{_QUERY}.weight"), "paper", **geometry, granularity=granularity
+        )
+        converted[f"{block}.{_QUERY}.weight"] = query_weight
+        converted[f"{block}.{GATE_MODULE_NAME}.weight"] = gate_weight
+        bias = converted.pop(f"{block}.{_QUERY}.bias", None)
+        if bias is None:
+            gate_bias = gate_weight.new_zeros(gate_weight.shape[0])
+        else:
+            converted[f"{block}.{_QUERY}.bias"], gate_bias = split_q_proj(
+                bias, "paper", **geometry, granularity=granularity
+            )
+        converted[f"{block}.{GATE_MODULE_NAME}.bias"] = gate_bias
+    return converted
+
+
+def ours_state_dict_to_paper(state: dict, model_config, biased: bool) -> dict:
+    """Our patched llama/qwen3 state dict -> the paper's tensors: `attn_gate` packed into `q_proj`.
+
+    `biased` (the exported `qkv_bias`): the gate bias goes into `q_proj.bias`; k, v and o biases the model
+    lacks are written as zeros (the same function). Without it a nonzero gate bias is refused.
+    """
+    geometry = _geometry(model_config)
+    converted = dict(state)
+    for block in _attention_blocks(state):
+        gate_weight = converted.pop(f"{block}.{GATE_MODULE_NAME}.weight")
+        gate_bias = converted.pop(f"{block}.{GATE_MODULE_NAME}.bias")
+        if biased:
+            for projection in (_QUERY, DECODER.key, DECODER.value, _OUTPUT):
+                rows = converted[f"{block}.{projection}.weight"].shape[0]
+                converted.setdefault(f"{block}.{projection}.bias", gate_bias.new_zeros(rows))
+            query_bias = converted[f"{block}.{_QUERY}.bias"]
+            converted[f"{block}.{_QUERY}.bias"] = pack_q_proj(query_bias, gate_bias, "paper", **geometry)
+        elif gate_bias.any():
+            raise ValueError(
+                f"{block}: a nonzero gate bias needs biased=True (qkv_bias) in the paper's layout"
+            )
+        query_weight = converted[f"{block}.{_QUERY}.weight"]
+        converted[f"{block}.{_QUERY}.weight"] = pack_q_proj(query_weight, gate_weight, "paper", **geometry)
+    return converted
+
+
+def _tied_aliases(model: nn.Module) -> list[set[str]]:
+    """Groups of state_dict keys that name one tensor (tied input and output embeddings)."""
+    by_tensor: dict[int, set[str]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        by_tensor.setdefault(id(tensor), set()).add(key)
+    return [keys for keys in by_tensor.values() if len(keys) > 1]
+
+
+def _load_strict(model: nn.Module, state: dict, source: str) -> None:
+    """Load `state` into `model`; tied keys may be given once; any other missing or extra key is an error."""
+    state = dict(state)
+    for keys in _tied_aliases(model):
+        given = sorted(keys & set(state))
+        if given:
+            state.update({key: state[given[0]] for key in keys - set(given)})
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"the converted weights of {source} do not match {type(model).__name__}: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    model.load_state_dict(state, strict=True)
+
+
+def load_paper_checkpoint(
+    path: str,
+    model_class=None,
+    *,
+    backend: str = "auto",
+    dtype: torch.dtype | str = "auto",
+    attn_implementation: str | None = None,
+    **hub_kwargs,
+):
+    """Load a checkpoint in the paper's layout as our patched transformers model.
+
+    The result is transformers' `Qwen3ForCausalLM` (or `LlamaForCausalLM` for `use_qk_norm: false`) patched
+    with `GateConfig(variant="output", granularity=<the flag set>, init="paper")`; its gate weight holds the
+    gate rows of each `q_proj` (see `split_q_proj`), its bias the gate part of `q_proj.bias` or zeros.
+    Every tensor is loaded strictly (a missing or unexpected key is a `ValueError`).
+
+    Args:
+        path (`str`): local folder or Hub repo id with `config.json` and safetensors weights.
+        model_class (*optional*): a transformers class or Auto class; defaults to `AutoModelForCausalLM`.
+        backend (`str`, *optional*, defaults to `"auto"`): what runs the gates, as in `patch`.
+        dtype (`torch.dtype` or `"auto"`): the model's dtype; `"auto"` keeps the dtype of the saved weights.
+        attn_implementation (`str`, *optional*): transformers' attention implementation (`"sdpa"`, `"eager"`).
+        hub_kwargs: `revision`, `token`, `cache_dir`, `subfolder`, `local_files_only`, `force_download`.
+    """
+    unknown = sorted(set(hub_kwargs) - set(HUB_KWARGS))
+    if unknown:
+        raise ValueError(
+            f"unsupported argument(s) for a checkpoint in the paper's layout: {', '.join(unknown)}; "
+            f"accepted: backend, dtype, attn_implementation, {', '.join(HUB_KWARGS)}"
+        )
+    with open(cached_file(path, "config.json", **hub_kwargs), encoding="utf-8") as f:
+        config_dict = json.load(f)
+    granularity = paper_granularity(config_dict, source=path)
+    state = paper_state_dict_to_ours(checkpoint_tensors(path, **hub_kwargs), config_dict)
+    if dtype == "auto":  # the dtype of the saved weights
+        dtype = next(iter(state.values())).dtype
+    options = {"dtype": dtype}
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    model_class = model_class or transformers.AutoModelForCausalLM
+    model = model_class.from_config(config_from_paper(config_dict), **options)
+    patch(model, GateConfig(variant="output", granularity=granularity, init="paper"), backend=backend)
+    _load_strict(model, state, path)
+    return model.eval()
+
+
+def _paper_export_problems(model: nn.Module, gate: GateConfig) -> list[str]:
+    """What the paper's layout cannot represent in this patched model (empty when it can)."""
+    config = model.config
+    problems = []
+    if config.model_type not in PAPER_MODEL_TYPES:
+        problems.append(f"model_type {config.model_type!r} (accepted: {', '.join(PAPER_MODEL_TYPES)})")
+    elif type(model).__name__ != f"{'Qwen3' if config.model_type == 'qwen3' else 'Llama'}ForCausalLM":
+        problems.append(f"class {type(model).__name__} (the paper's checkpoints are causal LMs)")
+    if gate.variant != "output":
+        problems.append(f"variant={gate.variant!r} (the paper's gate is 'output')")
+    if gate.init != "paper":
+        problems.append(
+            f"init={gate.init!r}: its gate is 2*sigmoid(z), and no sigmoid(z') equals it everywhere (the "
+            "paper's gate is sigmoid(z), init='paper')"
+        )
+    if gate.top_k is not None:
+        problems.append(f"top_k={gate.top_k} (the paper's gates are dense)")
+    every = set(find_attention_blocks(model, DECODER))
+    gated = every if gate.layers is None else set(gate.layers)
+    if gated != every:
+        problems.append(f"gates on layers {sorted(gated)} only (the paper's layout gates all {len(every)})")
+    if getattr(config, "mlp_bias", False):
+        problems.append("mlp_bias=true (the paper's MLP has no bias)")
+    return problems
+
+
+def write_paper_layout(model: nn.Module, folder) -> None:
+    """Write a patched llama/qwen3 causal LM into the existing `folder` in the paper's layout: `config.json`
+    (model_type qwen3 with its gate flags) and `model.safetensors` (gates packed into `q_proj`).
+
+    Refuses (`ValueError`, every reason at once) what the layout cannot represent: `init="identity"`, variants
+    other than `output`, `top_k`, gates on some layers only, model types other than llama/qwen3, Llama's
+    `mlp_bias`. A nonzero gate bias in a model without attention bias is written with `qkv_bias: true` and
+    zero k, v, o and query biases (the same function). Not atomic: `save_in_paper_layout` is.
+    """
+    if not is_patched(model):
+        raise ValueError(
+            "this model is not patched with gated attention; nothing to export in the paper's layout"
+        )
+    base = unwrap_model(model)
+    gate = gate_config_of(base)
+    problems = _paper_export_problems(base, gate)
+    if problems:
+        raise ValueError(f"the paper's layout cannot represent this model: {'; '.join(problems)}")
+    state = {key: tensor.detach() for key, tensor in base.state_dict().items()}
+    gate_biases = (state[key] for key in state if key.endswith(f".{GATE_MODULE_NAME}.bias"))
+    biased = bool(base.config.attention_bias) or any(bias.any() for bias in gate_biases)
+    paper_state = ours_state_dict_to_paper(state, base.config, biased)
+    if base.config.tie_word_embeddings:  # saved once, as the input embeddings (as transformers saves it)
+        (output_name,) = (
+            name for name, module in base.named_modules() if module is base.get_output_embeddings()
+        )
+        del paper_state[f"{output_name}.weight"]
+    tensors = {key: tensor.contiguous().clone() for key, tensor in paper_state.items()}
+    save_file(tensors, Path(folder) / "model.safetensors", metadata={"format": "pt"})
+    atomic_write_json(Path(folder) / "config.json", config_to_paper(base.config, gate.granularity, biased))
+
+
+def save_in_paper_layout(model: nn.Module, folder, *, overwrite: bool = False) -> None:
+    """`write_paper_layout` into a new `folder`, atomically: written to a temporary folder beside it, then
+    renamed; an existing non-empty `folder` is replaced only with `overwrite`."""
+    with staged_folder(folder, overwrite=overwrite) as staging:
+        write_paper_layout(model, staging)
+
+
+# ---- Qwen3-Next / Qwen3.5 attention layers --------------------------------------------------------------
+
+
+def check_qwen3_next_match(next_config, config) -> None:
+    """`ValueError` unless one full-attention layer of `next_config` (Qwen3-Next) and one attention block of
+    `config` (qwen3) compute the same function up to the gate's layout: the fields of
+    `QWEN3_NEXT_MATCHING_FIELDS` and the rotary parameters equal, and `partial_rotary_factor` 1 (qwen3 rotates
+    every channel of a head; Qwen3-Next by default only the first quarter)."""
+    problems = []
+    if config.model_type != "qwen3":
+        problems.append(
+            f"the target model_type is {config.model_type!r}, not 'qwen3' (Qwen3-Next has q/k norms)"
+        )
+    for field in QWEN3_NEXT_MATCHING_FIELDS:
+        theirs, ours = getattr(next_config, field, None), getattr(config, field, None)
+        if theirs != ours:
+            problems.append(f"{field} {theirs} (Qwen3-Next) != {ours}")
+    next_rope, our_rope = dict(next_config.rope_parameters or {}), dict(config.rope_parameters or {})
+    for side, rope in (("Qwen3-Next", next_rope), ("qwen3", our_rope)):
+        factor = rope.pop("partial_rotary_factor", 1.0)
+        if factor != 1.0:
+            problems.append(f"partial_rotary_factor {factor} ({side}) != 1.0 (qwen3 rotates every channel)")
+    if next_rope != our_rope:
+        problems.append(f"rotary parameters {next_rope} (Qwen3-Next) != {our_rope}")
+    if problems:
+        raise ValueError(f"Qwen3-Next attention cannot become this qwen3 attention: {'; '.join(problems)}")
+
+
+def qwen3_next_attention_to_ours(state: dict, next_config, config) -> dict:
+    """One Qwen3-Next attention layer's tensors -> one patched qwen3 attention block's.
+
+    Keys are relative to the layer (`q_proj.weight`, `k_proj.weight`, ..., `q_norm.weight`, `k_norm.weight`,
+    biases with `attention_bias`). `q_proj (2*H*D, hidden)` is split per head into the query rows and
+    `attn_gate.weight (H*D, hidden)` (elementwise, `init="paper"`); `attn_gate.bias` is the gate part of
+    `q_proj.bias`, or zeros. Qwen3-Next's zero-centred norms `x * (1 + w)` become qwen3's `x * w'` with
+    `w' = 1 + w` computed in float32, as Qwen3-Next computes it (returned in float32). The configs must match
+    (`check_qwen3_next_match`).
+    """
+    check_qwen3_next_match(next_config, config)
+    geometry = _geometry(config)
+    converted = dict(state)
+    for name in ("weight", "bias"):
+        packed = converted.pop(f"{_QUERY}.{name}", None)
+        if packed is not None:
+            converted[f"{_QUERY}.{name}"], converted[f"{GATE_MODULE_NAME}.{name}"] = split_q_proj(
+                packed, "qwen3_next", **geometry
+            )
+    gate_weight = converted[f"{GATE_MODULE_NAME}.weight"]
+    converted.setdefault(f"{GATE_MODULE_NAME}.bias", gate_weight.new_zeros(gate_weight.shape[0]))
+    for norm in ("q_norm.weight", "k_norm.weight"):
+        converted[norm] = state[norm].float() + 1.0
+    return converted
+
+
+def ours_to_qwen3_next_attention(state: dict, config, next_config) -> dict:
+    """The inverse of `qwen3_next_attention_to_ours`: one patched qwen3 attention block's tensors (keys
+    relative to the block, `attn_gate` elementwise with `init="paper"`) -> one Qwen3-Next attention layer's.
+
+    Norms: `w = w' - 1` in float32. Without `attention_bias` a nonzero gate bias cannot be represented
+    (`ValueError`). Exact round trip when `1 + w` is exact in float32 (e.g. bfloat16 norm weights).
+    """
+    check_qwen3_next_match(next_config, config)
+    geometry = _geometry(config)
+    converted = dict(state)
+    gate_weight = converted.pop(f"{GATE_MODULE_NAME}.weight")
+    gate_bias = converted.pop(f"{GATE_MODULE_NAME}.bias")
+    if gate_weight.shape[0] != geometry["num_heads"] * geometry["head_dim"]:
+        raise ValueError(
+            f"attn_gate.weight has {gate_weight.shape[0]} rows; Qwen3-Next gates are elementwise "
+            f"({geometry['num_heads']} heads * head_dim {geometry['head_dim']} rows)"
+        )
+    converted[f"{_QUERY}.weight"] = pack_q_proj(
+        converted[f"{_QUERY}.weight"], gate_weight, "qwen3_next", **geometry
+    )
+    if f"{_QUERY}.bias" in converted:
+        converted[f"{_QUERY}.bias"] = pack_q_proj(
+            converted[f"{_QUERY}.bias"], gate_bias, "qwen3_next", **geometry
+        )
+    elif gate_bias.any():
+        raise ValueError(
+            "the gate bias is nonzero but attention_bias is false: Qwen3-Next keeps the gate bias in "
+            "q_proj.bias"
+        )
+    for norm in ("q_norm.weight", "k_norm.weight"):
+        converted[norm] = state[norm].float() - 1.0
+    return converted

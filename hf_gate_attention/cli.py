@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -72,11 +70,10 @@ def cmd_patch(args) -> None:
     import transformers
 
     from .core.patching import gate_parameters, patch
+    from .files import staged_folder
     from .offline import resolve_model
 
     output = Path(args.output)
-    if output.exists() and any(output.iterdir()) and not args.overwrite:
-        raise ValueError(f"{output} exists and is not empty; pass --overwrite to replace it")
     gate = GateConfig(
         variant=args.variant,
         granularity=args.granularity,
@@ -84,26 +81,19 @@ def cmd_patch(args) -> None:
         top_k=args.top_k,
         layers=args.layers,
     )
-    model_path = resolve_model(args.model)
-    config = transformers.AutoConfig.from_pretrained(model_path)
-    model_class = getattr(transformers, args.model_class or (config.architectures or ["AutoModel"])[0], None)
-    if model_class is None:
-        raise ValueError(f"unknown transformers class {args.model_class!r}; e.g. AutoModelForCausalLM")
-    model = model_class.from_pretrained(model_path, dtype=args.dtype)
-    patch(model, gate)
-    processor = _load_processor(model_path)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
+    with staged_folder(output, overwrite=args.overwrite) as staging:  # refuses a busy output first
+        model_path = resolve_model(args.model)
+        config = transformers.AutoConfig.from_pretrained(model_path)
+        class_name = args.model_class or (config.architectures or ["AutoModel"])[0]
+        model_class = getattr(transformers, class_name, None)
+        if model_class is None:
+            raise ValueError(f"unknown transformers class {args.model_class!r}; e.g. AutoModelForCausalLM")
+        model = model_class.from_pretrained(model_path, dtype=args.dtype)
+        patch(model, gate)
+        processor = _load_processor(model_path)
         model.save_pretrained(staging)
         if processor is not None:
             processor.save_pretrained(staging)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     added = sum(p.numel() for p in gate_parameters(model))
     saved_with = f" and its {type(processor).__name__}" if processor is not None else ""
     print(
@@ -114,29 +104,45 @@ def cmd_patch(args) -> None:
         print("warning: no tokenizer or image processor found beside the model; none saved", file=sys.stderr)
 
 
-def gate_statistics(folder: str | Path) -> dict:
-    """What a gated checkpoint contains: gate config, counts and per-layer gate statistics.
-
-    The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained identity gate).
-    """
-    from .sharing.card import read_checkpoint
-    from .sharing.loading import gate_tensors
-
-    checkpoint = read_checkpoint(folder)
-    gate = checkpoint["gate"]
+def _layer_statistics(tensors: dict, scale: float) -> dict:
+    """Block -> shapes, mean |value| and the gate at zero input (`scale * sigmoid(bias)`) of `attn_gate`
+    tensors given by state_dict key."""
     layers = {}
-    for key, tensor in sorted(gate_tensors(str(folder)).items()):
+    for key, tensor in sorted(tensors.items()):
         block, name = key.split(f".{GATE_MODULE_NAME}.")
         values = tensor.float()
         entry = layers.setdefault(block, {})
         entry[f"{name}_shape"] = list(values.shape)
         entry[f"{name}_abs_mean"] = values.abs().mean().item()
         if name == "bias":
-            at_zero = gate.gate_scale * torch.sigmoid(values)
+            at_zero = scale * torch.sigmoid(values)
             entry["gate_at_zero_mean"] = at_zero.mean().item()
             entry["gate_at_zero_min"] = at_zero.min().item()
             entry["gate_at_zero_max"] = at_zero.max().item()
+    return layers
+
+
+def gate_statistics(folder: str | Path) -> dict:
+    """What a gated checkpoint contains: layout, gate config, counts and per-layer gate statistics.
+
+    Our checkpoints (`config.json` with `gate_attention`) and the paper's layout (gates packed into `q_proj`,
+    `sharing.layouts`) are read. The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained
+    identity gate).
+    """
+    from .files import read_json
+    from .sharing.card import read_checkpoint
+    from .sharing.layouts import is_paper_config, paper_checkpoint_contents
+    from .sharing.loading import gate_tensors
+
+    config = read_json(Path(folder) / "config.json") or {}
+    if is_paper_config(config):
+        checkpoint = paper_checkpoint_contents(str(folder))
+        tensors, layout = checkpoint.pop("gate_tensors"), "paper"
+    else:
+        checkpoint, tensors, layout = read_checkpoint(folder), gate_tensors(str(folder)), "ours"
+    gate = checkpoint["gate"]
     return {
+        "layout": layout,
         "model_type": checkpoint["config"].get("model_type"),
         "architectures": checkpoint["config"].get("architectures"),
         "gate": gate.to_dict(),
@@ -145,7 +151,7 @@ def gate_statistics(folder: str | Path) -> dict:
         "gated_layers": checkpoint["gated_layers"],
         "gates_are_identity": checkpoint["gates_are_identity"],
         "trust_remote_code": "auto_map" in checkpoint["config"],
-        "layers": layers,
+        "layers": _layer_statistics(tensors, gate.gate_scale),
     }
 
 
@@ -166,6 +172,11 @@ def cmd_info(args) -> None:
     gate = info["gate"]
     share = 100 * info["added_params"] / max(info["total_params"] - info["added_params"], 1)
     print(f"{args.checkpoint}: {info['model_type']} {', '.join(info['architectures'] or [])}")
+    if info["layout"] == "paper":
+        print(
+            "layout: the paper's (gates packed into q_proj; loads with hf_gate_attention.from_pretrained, "
+            "`hf-gate-attention convert` writes ours)"
+        )
     print(
         f"gate: variant={gate['variant']} granularity={gate['granularity']} init={gate['init']} "
         f"top_k={gate['top_k']}"

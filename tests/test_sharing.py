@@ -228,7 +228,10 @@ def test_cli_patch_info_card(tiny_llama, tmp_path, capsys):
     ("argv", "message"),
     [
         (["patch", "/nonexistent/model", "{tmp}/out"], "/nonexistent/model"),
-        (["patch", "{model}", "{tmp}/busy"], "exists and is not empty; pass --overwrite"),
+        (
+            ["patch", "{model}", "{tmp}/busy"],
+            "exists and is not an empty folder; pass overwrite=True (--overwrite)",
+        ),
         (["info", "{model}"], "not a gated checkpoint"),
         (["card", "{tmp}/busy"], "not a gated checkpoint"),
         (["push", "{tmp}/busy", "me/x"], "has no config.json"),

@@ -296,6 +296,34 @@ def ours_state_dict_to_paper(state: dict, model_config, biased: bool) -> dict:
     return converted
 
 
+def paper_checkpoint_contents(folder: str) -> dict:
+    """What a local checkpoint folder in the paper's layout holds, as `card.read_checkpoint` says it of ours:
+    `config`, `gate` (`init="paper"`), `total_params`, `added_params` (the gate rows of every `q_proj`),
+    `gated_layers`, `gates_are_identity` (never: `sigmoid` starts at 0.5), plus `gate_tensors` (our
+    `attn_gate` keys, split out of `q_proj`; only the attention projections are read)."""
+    from .card.inputs import parameter_count
+
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    granularity = paper_granularity(config, source=folder)
+    projections = (f".{_QUERY}.", f".{_OUTPUT}.weight")
+    state = checkpoint_tensors(folder, lambda key: any(part in key for part in projections))
+    gates = {
+        key: tensor
+        for key, tensor in paper_state_dict_to_ours(state, config).items()
+        if f".{GATE_MODULE_NAME}." in key
+    }
+    stored = [t for k, t in gates.items() if k.endswith(".weight") or config.get("qkv_bias")]
+    return {
+        "config": config,
+        "gate": GateConfig(variant="output", granularity=granularity, init="paper"),
+        "total_params": parameter_count(Path(folder)),
+        "added_params": sum(tensor.numel() for tensor in stored),
+        "gated_layers": len(gates) // 2,
+        "gates_are_identity": False,
+        "gate_tensors": gates,
+    }
+
+
 def _tied_aliases(model: nn.Module) -> list[set[str]]:
     """Groups of state_dict keys that name one tensor (tied input and output embeddings)."""
     by_tensor: dict[int, set[str]] = {}

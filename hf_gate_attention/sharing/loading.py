@@ -87,10 +87,13 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
 
 
 def load_model(path: str, *, backend: str = "auto", **kwargs):
-    """The model saved at `path` (folder or Hub id), gated (through `from_pretrained`) or not (through the
-    transformers class named in `config.architectures`); `kwargs` as in `from_pretrained`."""
+    """The model saved at `path` (folder or Hub id), gated (through `from_pretrained`: ours or the paper's
+    layout) or not (through the transformers class named in `config.architectures`); `kwargs` as in
+    `from_pretrained`."""
+    from .layouts import is_paper_config
+
     config = transformers.AutoConfig.from_pretrained(path)
-    if getattr(config, CONFIG_ATTRIBUTE, None) is not None:
+    if getattr(config, CONFIG_ATTRIBUTE, None) is not None or is_paper_config(config.to_dict()):
         return from_pretrained(path, backend=backend, **kwargs)
     name = (config.architectures or ["AutoModel"])[0]
     return getattr(transformers, name, transformers.AutoModel).from_pretrained(path, **kwargs)

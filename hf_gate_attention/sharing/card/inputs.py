@@ -19,6 +19,28 @@ def _listing(folder: Path) -> str:
     return ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
 
 
+def safetensors_shards(folder: Path) -> list[str]:
+    """File names of the safetensors weights in `folder` (single file or sharded); `ValueError` if none."""
+    index = read_json(folder / "model.safetensors.index.json")
+    if index is not None:
+        return sorted(set(index["weight_map"].values()))
+    if (folder / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    raise ValueError(
+        f"{folder} holds no safetensors weights (model.safetensors or model.safetensors.index.json); "
+        f"found: {_listing(folder)}"
+    )
+
+
+def parameter_count(folder: Path) -> int:
+    """Parameters stored in the safetensors weights of `folder`, from the headers only."""
+    total = 0
+    for shard in safetensors_shards(folder):
+        with safe_open(folder / shard, framework="pt") as f:
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
+    return total
+
+
 def read_checkpoint(folder: str | Path) -> dict:
     """The gate config, architecture and parameter counts of a gated checkpoint folder.
 
@@ -37,19 +59,9 @@ def read_checkpoint(folder: str | Path) -> dict:
             f"(model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r}). "
             "Save a model patched with hf_gate_attention.patch"
         )
-    index = read_json(folder / "model.safetensors.index.json")
-    if index is not None:
-        shards = sorted(set(index["weight_map"].values()))
-    elif (folder / "model.safetensors").is_file():
-        shards = ["model.safetensors"]
-    else:
-        raise ValueError(
-            f"{folder} holds no safetensors weights (model.safetensors or model.safetensors.index.json); "
-            f"found: {_listing(folder)}"
-        )
     total = added = 0
     dtypes, gated_blocks, gates_all_zero = set(), set(), True
-    for shard in shards:
+    for shard in safetensors_shards(folder):
         with safe_open(folder / shard, framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 tensor = f.get_slice(key)

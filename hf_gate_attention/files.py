@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,30 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_write_folder(path: Path, files: dict[str, bytes], stale: Iterable[str] = ()) -> None:
+    """Write `files` (name -> bytes) into the folder `path` through a temporary sibling folder.
+
+    A new folder appears whole (one rename). Into an existing folder each file is moved with `os.replace`
+    (each one atomic), then the names in `stale` that `files` does not hold are removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.mkdir()
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if not path.exists():
+            os.replace(tmp, path)
+            return
+        for name in files:
+            os.replace(tmp / name, path / name)
+        for name in set(stale) - set(files):
+            (path / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_json(path: Path) -> Any:

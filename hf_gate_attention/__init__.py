@@ -46,6 +46,10 @@ _LAZY = {
     "write_model_card": "card",
     "from_pretrained": "loading",
     **{
+        name: "adapters"
+        for name in ("adapter_info", "load_gate_adapter", "push_gate_adapter_to_hub", "save_gate_adapter")
+    },
+    **{
         name: "loading"
         for name in (
             "AutoGatedModel",

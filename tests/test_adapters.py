@@ -77,6 +77,8 @@ def test_gates_only_adapter_reproduces_the_gated_model(model_type, tmp_path):
 
     save_gate_adapter(loaded, tmp_path / "b")  # the base reference comes with the loaded adapter
     assert folder_files(tmp_path / "b") == folder_files(tmp_path / "a")
+    save_gate_adapter(loaded, tmp_path / "c", base_model_name_or_path="org/other")  # not org/base's revision
+    assert adapter_info(tmp_path / "c")["revision"] is None
 
 
 @pytest.mark.parametrize(("model_type", "gates_in_adapter"), [("llama", True), ("vit", False)])

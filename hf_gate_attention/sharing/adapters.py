@@ -113,19 +113,21 @@ def save_gate_adapter(
         base_model_name_or_path (`str`, *optional*): the base the adapter needs, a Hub id or a local folder.
             Defaults to the base of the adapter the model was loaded with, else `config._name_or_path`; the
             adapter records `None` when neither is set (then loading needs a base model or id).
-        base_revision (`str`, *optional*): the base's Hub revision; same default.
+        base_revision (`str`, *optional*): the base's Hub revision; defaults to the loaded adapter's when the
+            base is the same.
     Returns the folder's `Path`.
     """
     base = unwrap_model(model)
     if not is_patched(base):
         raise ValueError("this model is not patched with gated attention: patch it and train the gates first")
     loaded = getattr(base, _BASE_ATTRIBUTE, {})
+    name = (
+        base_model_name_or_path or loaded.get("base_model_name_or_path") or base.config._name_or_path or None
+    )
+    same_base = name == loaded.get("base_model_name_or_path")  # the loaded revision is that base's only
     base_ref = {
-        "base_model_name_or_path": base_model_name_or_path
-        or loaded.get("base_model_name_or_path")
-        or base.config._name_or_path
-        or None,
-        "revision": base_revision or loaded.get("revision"),
+        "base_model_name_or_path": name,
+        "revision": base_revision or (loaded.get("revision") if same_base else None),
     }
     lora = _lora_files(model, base_ref)
     config = {

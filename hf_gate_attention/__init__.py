@@ -55,6 +55,10 @@ _LAZY = {
         )
     },
     **{
+        name: "adapters"
+        for name in ("adapter_info", "load_gate_adapter", "push_gate_adapter_to_hub", "save_gate_adapter")
+    },
+    **{
         name: "loading"
         for name in (
             "AutoGatedModel",

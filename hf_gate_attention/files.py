@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,30 @@ def staged_folder(path: Path, overwrite: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def atomic_write_folder(path: Path, files: dict[str, bytes], stale: Iterable[str] = ()) -> None:
+    """Write `files` (name -> bytes) into the folder `path` through a temporary sibling folder.
+
+    A new folder appears whole (one rename). Into an existing folder each file is moved with `os.replace`
+    (each one atomic), then the names in `stale` that `files` does not hold are removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.mkdir()
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if not path.exists():
+            os.replace(tmp, path)
+            return
+        for name in files:
+            os.replace(tmp / name, path / name)
+        for name in set(stale) - set(files):
+            (path / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_json(path: Path) -> Any:

@@ -65,16 +65,12 @@ def push_to_hub(
         _check_gated_folder(source)
     else:
         _check_model(model_or_folder)
-    token = token if isinstance(token, str) and token else get_token()
-    if not token:
-        raise LocalTokenNotFoundError(
-            "no Hugging Face token: pass token=... or run `hf auth login` / set HF_TOKEN"
-        )
+    token = resolve_token(token)
 
     with tempfile.TemporaryDirectory(prefix="hf-gate-push-") as tmp:
         folder = Path(tmp)
         if isinstance(model_or_folder, (str, os.PathLike)):
-            _mirror(source, folder)
+            mirror(source, folder)
         else:
             model_or_folder.save_pretrained(folder, max_shard_size=max_shard_size)
             if processor is not None:
@@ -88,13 +84,11 @@ def push_to_hub(
         if tags:
             _add_tags(folder / "README.md", tags)
 
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-        if revision is not None and not revision.startswith("refs/pr/"):
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=folder,
+        return upload(
+            folder,
+            repo_id,
+            token=token,
+            private=private,
             revision=revision,
             commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
             commit_description=commit_description,
@@ -121,6 +115,42 @@ def _add_tags(card_file: Path, tags: list[str]) -> None:
     atomic_write_text(card_file, str(model_card))
 
 
+def resolve_token(token: str | bool | None) -> str:
+    """`token` if it is a non-empty string, else the saved one; else `LocalTokenNotFoundError`."""
+    token = token if isinstance(token, str) and token else get_token()
+    if not token:
+        raise LocalTokenNotFoundError(
+            "no Hugging Face token: pass token=... or run `hf auth login` / set HF_TOKEN"
+        )
+    return token
+
+
+def upload(
+    folder: Path,
+    repo_id: str,
+    *,
+    token: str,
+    private: bool | None,
+    revision: str | None,
+    commit_message: str,
+    commit_description: str | None,
+    create_pr: bool,
+):
+    """Create the repo (and the branch `revision`) if missing and upload `folder` in one commit."""
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    if revision is not None and not revision.startswith("refs/pr/"):
+        api.create_branch(repo_id, branch=revision, exist_ok=True)
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        revision=revision,
+        commit_message=commit_message,
+        commit_description=commit_description,
+        create_pr=create_pr,
+    )
+
+
 def _check_model(model) -> None:
     if not is_patched(model):
         raise ValueError(
@@ -145,7 +175,7 @@ def _check_gated_folder(folder: Path) -> None:
         )
 
 
-def _mirror(source: Path, target: Path) -> None:
+def mirror(source: Path, target: Path) -> None:
     """Link every file of `source` into `target` (copy where links are not allowed): no bytes duplicated."""
     for path in source.rglob("*"):
         if path.is_file():

@@ -32,10 +32,13 @@ reproduce: install
 	$(PY) -m recipes.summarization --config recipes/summarization/configs/reproduce.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
 
-# Attention sink, massive activations and gates of the reproduction's models (those whose weights are on
-# this machine) beside the pretrained SmolLM2, then results/diagnostics/DIAGNOSTICS.md; ~5 min on 2 CPU cores.
+# Attention sink, massive activations and gates of the reproduction's models beside the pretrained SmolLM2,
+# then results/diagnostics/DIAGNOSTICS.md; ~5 min on 2 CPU cores when the weights are here. Weights are not in
+# git: runs without them are retrained first (same config, checked against the saved loss curves; ~25 min per
+# run, resumable in logs/recreate).
 diagnose: install
-	$(PY) -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
+	$(PY) -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics \
+		--recreate-missing
 
 # From-scratch pretraining study (gating vs attention sinks, massive activations, perplexity, learning-rate
 # tolerance), <= 2.5 h on 2 CPU cores, then results/STUDY.md; rerunning continues where it stopped.

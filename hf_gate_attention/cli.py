@@ -161,11 +161,46 @@ def _local_folder(name_or_path: str) -> Path:
         return Path(name_or_path)
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(name_or_path, allow_patterns=["config.json", "*.safetensors*"]))
+    patterns = ["config.json", "*.safetensors*", "gate_adapter_config.json", "adapter_config.json"]
+    return Path(snapshot_download(name_or_path, allow_patterns=patterns))
+
+
+def _print_adapter_info(name: str, info: dict) -> None:
+    base, gate = info["base_model"], info["gate_config"]
+    revision = f" (revision {info['revision']})" if info["revision"] else ""
+    print(f"{name}: gate adapter for {info['base_model_name_or_path']}{revision}")
+    print(
+        f"base it needs: {info['base_model_class']}, model_type={base['model_type']}, hidden_size="
+        f"{base['hidden_size']}, heads={base['num_attention_heads']}/{base['num_key_value_heads']} (kv), "
+        f"layers={base['num_hidden_layers']}"
+    )
+    print(
+        f"gate: variant={gate['variant']} granularity={gate['granularity']} init={gate['init']} "
+        f"top_k={gate['top_k']}; {len(info['gate_tensors'])} tensors, {info['gate_parameters']:,} parameters"
+    )
+    lora = info["lora"]
+    if lora is None:
+        print("LoRA: none")
+    else:
+        targets = ", ".join(sorted(lora["config"].get("target_modules") or []))
+        print(
+            f"LoRA: r={lora['config'].get('r')} on {targets}; {lora['parameters']:,} parameters (PEFT files)"
+        )
+    print(f"load: hf_gate_attention.load_gate_adapter({info['base_model_name_or_path']!r}, {name!r})")
 
 
 def cmd_info(args) -> None:
-    info = gate_statistics(_local_folder(args.checkpoint))
+    from .sharing.adapters import GATE_CONFIG_NAME, adapter_info
+
+    folder = _local_folder(args.checkpoint)
+    if (folder / GATE_CONFIG_NAME).is_file():
+        info = {"kind": "gate adapter", **adapter_info(folder)}
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            _print_adapter_info(args.checkpoint, info)
+        return
+    info = {"kind": "checkpoint", **gate_statistics(folder)}
     if args.json:
         print(json.dumps(info, indent=2))
         return
@@ -429,8 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     convert_parser.set_defaults(func=cmd_convert)
 
-    info_parser = commands.add_parser("info", help="what a gated checkpoint contains")
-    info_parser.add_argument("checkpoint", help="gated checkpoint folder or Hub id")
+    info_parser = commands.add_parser(
+        "info", help="what a gated checkpoint (ours or the paper's layout) or a gate adapter contains"
+    )
+    info_parser.add_argument("checkpoint", help="gated checkpoint or gate adapter: folder or Hub id")
     info_parser.add_argument("--json", action="store_true", help="print JSON")
     info_parser.set_defaults(func=cmd_info)
     return parser

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import first_output, tiny_inputs, tiny_model
 from hub_server import TOKEN
+from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from test_hub import REPO_ROOT, client_env, folder_files, hub  # noqa: F401 (hub: the fake Hub fixture)
 
@@ -238,6 +239,23 @@ def test_adapter_info(tmp_path):
     assert info["lora"]["parameters"] == 2 * 2 * (2 * 32 + 32 * 2)
 
 
+def test_cli_info_on_an_adapter(tmp_path, capsys):
+    from hf_gate_attention.cli import main
+
+    model, _ = trained_gates("llama")
+    save_gate_adapter(with_lora(model, "llama", False), tmp_path / "lora", base_model_name_or_path="org/base")
+    save_gate_adapter(model, tmp_path / "gates", base_model_name_or_path="org/base", base_revision="v1")
+    assert main(["info", str(tmp_path / "lora"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"kind": "gate adapter", **json.loads(json.dumps(adapter_info(tmp_path / "lora")))}
+    assert main(["info", str(tmp_path / "gates")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{tmp_path / 'gates'}: gate adapter for org/base (revision v1)"
+    assert "LlamaForCausalLM, model_type=llama, hidden_size=32, heads=4/2 (kv), layers=2" in lines[1]
+    assert "granularity=elementwise" in lines[2] and "4 tensors, 2,112 parameters" in lines[2]
+    assert lines[3] == "LoRA: none"
+
+
 _DOWNLOAD = """
 import sys, torch, hf_gate_attention
 adapter, out = sys.argv[1:]
@@ -284,6 +302,12 @@ def test_push_to_the_hub_and_load_from_it(hub, tmp_path):  # noqa: F811 (the fix
     )
     assert "2,112" in card  # the gate parameters: 2 x (32 x 32 + 32)
     assert info.oid == hub.head("alice/adapter")
+    tagged = "alice/adapter-tagged"
+    hf_gate_attention.push_gate_adapter_to_hub(
+        tmp_path / "local", tagged, tags=["summarization"], token=TOKEN
+    )
+    tags = ModelCard(hub.files(tagged)["README.md"].decode()).data.tags
+    assert tags[-1] == "summarization" and "gate-adapter" in tags
 
     out = tmp_path / "out.pt"
     subprocess.run(

@@ -440,3 +440,42 @@ def test_where_the_largest_weight_sits_is_counted_per_query():
     sums = {name: (recorder.sums[name][0] / recorder.queries[0]).tolist() for name in recorder.sums}
     assert sums["top1_at_previous"] == [1.0, 0.0]
     assert sums["top1_at_self"] == [0.0, 0.5] and sums["top1_at_first"] == [0.0, 0.5]
+
+
+def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_results, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from hf_gate_attention.recipes.summarization.diagnosis import main as diagnosis_main
+    from hf_gate_attention.recipes.summarization.diagnosis import recreate_weights
+
+    results = tmp_path / "results"
+    shutil.copytree(recipe_results, results)
+    for name in ("baseline", "qk-elementwise"):
+        shutil.rmtree(results / name / "model")
+    scratch = tmp_path / "scratch"
+    differences = recreate_weights(results, scratch)
+    assert set(differences) == {"baseline", "qk-elementwise"} and max(differences.values()) <= 1e-4
+    for name in differences:  # the same training: the same weights
+        recreated = load_file(results / name / "model" / "model.safetensors")
+        original = load_file(recipe_results / name / "model" / "model.safetensors")
+        assert recreated.keys() == original.keys()
+        assert all(torch.allclose(recreated[k], original[k], rtol=1e-4, atol=1e-6) for k in original)
+    assert recreate_weights(results, scratch) == {}  # nothing missing any more
+
+    # a saved run whose losses differ from what its config trains: refused, nothing moved
+    shutil.rmtree(results / "baseline" / "model")
+    summary_file = results / "baseline" / "train_summary.json"
+    summary = json.loads(summary_file.read_text())
+    next(entry for entry in summary["log_history"] if "loss" in entry)["loss"] *= 1.01
+    summary_file.write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"trained differently.*'baseline'.*nothing moved"):
+        recreate_weights(results, scratch)
+    assert not (results / "baseline" / "model").exists()
+    out = tmp_path / "out"
+    assert (
+        diagnosis_main([str(results), "--out", str(out), "--recreate-missing", "--scratch", str(scratch)])
+        == 2
+    )
+    assert not (out / "DIAGNOSTICS.md").exists()

@@ -35,7 +35,7 @@ from ..core.hooks import GATE_MODULE_NAME, unwrap_model
 from ..core.patching import gate_config_of, is_patched, patch
 from ..files import atomic_write_folder
 from .card.metadata import is_hub_id
-from .loading import _load_gate_tensors
+from .loading import load_gate_tensors
 
 GATE_CONFIG_NAME = "gate_adapter_config.json"
 GATE_WEIGHTS_NAME = "gate_adapter_model.safetensors"
@@ -244,7 +244,7 @@ def load_gate_adapter(
         _warn_other_base(config, model.config._name_or_path or None, None, adapter)
         setattr(model, _BASE_ATTRIBUTE, {k: config[k] for k in ("base_model_name_or_path", "revision")})
     patch(model, GateConfig.from_saved(config["gate_config"]), backend=backend)
-    _load_gate_tensors(model, load_file(files[GATE_WEIGHTS_NAME]), str(adapter))
+    load_gate_tensors(model, load_file(files[GATE_WEIGHTS_NAME]), str(adapter))
     if not config["lora"]:
         return model
     from peft import PeftModel
@@ -370,6 +370,7 @@ def push_gate_adapter_to_hub(
     commit_description: str | None = None,
     token: str | bool | None = None,
     create_pr: bool = False,
+    tags: list[str] | None = None,
 ):
     """Upload a gate adapter with a model card naming its base; returns the `CommitInfo`.
 
@@ -380,10 +381,12 @@ def push_gate_adapter_to_hub(
         base_model_name_or_path, base_revision (*optional*): as in `save_gate_adapter` (model input only).
             The recorded base must be a Hub id: an adapter on the Hub that names a local folder or no base
             cannot be loaded by anyone else, so it is refused (`ValueError`) before any request.
-        private, revision, commit_message, commit_description, token, create_pr: as in `push_to_hub`
+        private, revision, commit_message, commit_description, token, create_pr, tags: as in `push_to_hub`
             (`revision` is the adapter repo's branch).
     """
-    from .hub import mirror, resolve_token, upload
+    from .hub import add_tags, checked_tags, mirror, resolve_token, upload
+
+    tags = checked_tags(tags)
 
     folder_input = isinstance(model_or_folder, (str, os.PathLike))
     if folder_input and (base_model_name_or_path or base_revision):
@@ -414,6 +417,8 @@ def push_gate_adapter_to_hub(
             )
         if not (folder / "README.md").exists():
             (folder / "README.md").write_text(render_adapter_card(folder, repo_id), encoding="utf-8")
+        if tags:
+            add_tags(folder / "README.md", tags)
         return upload(
             folder,
             repo_id,

@@ -57,7 +57,7 @@ def push_to_hub(
         tags (`list[str]`, *optional*): added to the card's metadata `tags` (after the card's own tags; also
             to a README.md the folder already has, in the uploaded copy only).
     """
-    tags = _checked_tags(tags)
+    tags = checked_tags(tags)
     if isinstance(model_or_folder, (str, os.PathLike)):
         source = Path(model_or_folder)
         if processor is not None:
@@ -82,7 +82,7 @@ def push_to_hub(
                 folder, results=results, run=run, base_model=base_model, datasets=datasets, repo_id=repo_id
             )
         if tags:
-            _add_tags(folder / "README.md", tags)
+            add_tags(folder / "README.md", tags)
 
         return upload(
             folder,
@@ -96,7 +96,7 @@ def push_to_hub(
         )
 
 
-def _checked_tags(tags) -> list[str]:
+def checked_tags(tags) -> list[str]:
     if tags is None:
         return []
     if isinstance(tags, str) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
@@ -106,7 +106,7 @@ def _checked_tags(tags) -> list[str]:
     return list(tags)
 
 
-def _add_tags(card_file: Path, tags: list[str]) -> None:
+def add_tags(card_file: Path, tags: list[str]) -> None:
     """Add `tags` to the metadata of the card at `card_file` (a file of the staging folder: a link to the
     user's own card is replaced, never written through)."""
     model_card = ModelCard.load(card_file)

@@ -82,7 +82,7 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
         transformers.logging.set_verbosity(verbosity)
     patch(model, GateConfig.from_saved(gate_dict), backend=backend)
 
-    _load_gate_tensors(model, gate_tensors(path, **hub_kwargs), path)
+    load_gate_tensors(model, gate_tensors(path, **hub_kwargs), path)
     return model
 
 
@@ -99,7 +99,7 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
     return getattr(transformers, name, transformers.AutoModel).from_pretrained(path, **kwargs)
 
 
-def _load_gate_tensors(model, saved: dict, path: str) -> None:
+def load_gate_tensors(model, saved: dict, path: str) -> None:
     """Copy saved gate tensors into a patched model, matched by (layer index, tensor name).
 
     Keys are matched through the family's block pattern rather than verbatim, because transformers may save

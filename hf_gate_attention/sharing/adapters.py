@@ -384,7 +384,7 @@ def push_gate_adapter_to_hub(
         private, revision, commit_message, commit_description, token, create_pr, tags: as in `push_to_hub`
             (`revision` is the adapter repo's branch).
     """
-    from .hub import add_tags, checked_tags, mirror, resolve_token, upload
+    from .hub import checked_tags, mirror, resolve_token, upload
 
     tags = checked_tags(tags)
 
@@ -417,8 +417,6 @@ def push_gate_adapter_to_hub(
             )
         if not (folder / "README.md").exists():
             (folder / "README.md").write_text(render_adapter_card(folder, repo_id), encoding="utf-8")
-        if tags:
-            add_tags(folder / "README.md", tags)
         return upload(
             folder,
             repo_id,
@@ -428,4 +426,5 @@ def push_gate_adapter_to_hub(
             commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
             commit_description=commit_description,
             create_pr=create_pr,
+            tags=tags,
         )

@@ -81,9 +81,6 @@ def push_to_hub(
             write_model_card(
                 folder, results=results, run=run, base_model=base_model, datasets=datasets, repo_id=repo_id
             )
-        if tags:
-            add_tags(folder / "README.md", tags)
-
         return upload(
             folder,
             repo_id,
@@ -93,6 +90,7 @@ def push_to_hub(
             commit_message=commit_message or DEFAULT_COMMIT_MESSAGE,
             commit_description=commit_description,
             create_pr=create_pr,
+            tags=tags,
         )
 
 
@@ -135,8 +133,12 @@ def upload(
     commit_message: str,
     commit_description: str | None,
     create_pr: bool,
+    tags: list[str] = (),
 ):
-    """Create the repo (and the branch `revision`) if missing and upload `folder` in one commit."""
+    """Create the repo (and the branch `revision`) if missing and upload `folder` in one commit, after adding
+    `tags` (from `checked_tags`) to the metadata of its README.md."""
+    if tags:
+        add_tags(folder / "README.md", tags)
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     if revision is not None and not revision.startswith("refs/pr/"):

@@ -15,6 +15,7 @@ import logging
 import re
 import statistics
 import time
+from collections.abc import Callable
 
 import datasets
 import numpy as np
@@ -193,6 +194,16 @@ def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
     return weights / 2**20 + growth
 
 
+def interleaved_rounds(names: list[str], rounds: int, time_round: Callable[[str], dict]) -> dict[str, list]:
+    """`{name: [time_round(name) for each round]}`, running the names in the order rotated by the round
+    number, so that a slow phase of a shared machine hits every model alike (shared by the recipes)."""
+    per_round = {name: [] for name in names}
+    for r in tqdm(range(rounds), desc="Timing (interleaved rounds)", unit="round"):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            per_round[name].append(time_round(name))
+    return per_round
+
+
 def interleaved_speed(
     models: dict, prompts: list[list[int]], rounds: int, new_tokens: int
 ) -> dict[str, dict]:
@@ -210,10 +221,7 @@ def interleaved_speed(
     names = list(models)
     for name in names:
         _summarize_one(models[name], inputs[0], min(new_tokens, 2))
-    per_round = {name: [] for name in names}
-    for r in tqdm(range(rounds), desc="Timing (interleaved rounds)", unit="round"):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            per_round[name].append(_time_round(models[name], inputs, new_tokens))
+    per_round = interleaved_rounds(names, rounds, lambda name: _time_round(models[name], inputs, new_tokens))
     longest = max(inputs, key=lambda ids: ids.shape[1])
     results = {}
     for name in names:

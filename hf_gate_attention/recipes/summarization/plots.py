@@ -8,7 +8,6 @@ import numpy as np
 
 from ...plotting import pyplot, save_figure
 from .report import ROUGE_LABELS
-from .rouge import ROUGE_TYPES
 
 
 def plot_loss_curves(log_histories: dict[str, list[dict]], path: Path) -> None:
@@ -40,34 +39,50 @@ def _error_bars(values: list[float], lows: list[float], highs: list[float]) -> n
 
 def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
     """Grouped bars of mean ROUGE with bootstrap CIs; `rouge` is `{run: {type: {mean, low, high}}}`."""
+    title = f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)"
+    plot_scores(rouge, ROUGE_LABELS, "F1 x100", title, path)
+
+
+def plot_scores(scores: dict[str, dict], labels: dict[str, str], ylabel: str, title: str, path: Path) -> None:
+    """Grouped bars with error bars: one group per metric of `labels` (`{key: axis label}`), one bar per run;
+    `scores` is `{run: {key: {"mean", "low", "high"}}}`."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    x, width = np.arange(len(ROUGE_TYPES)), 0.8 / len(rouge)
-    for index, (name, scores) in enumerate(rouge.items()):
-        means = [scores[t]["mean"] for t in ROUGE_TYPES]
+    keys = list(labels)
+    x, width = np.arange(len(keys)), 0.8 / len(scores)
+    for index, (name, run_scores) in enumerate(scores.items()):
+        means = [run_scores[k]["mean"] for k in keys]
         errors = _error_bars(
-            means, [scores[t]["low"] for t in ROUGE_TYPES], [scores[t]["high"] for t in ROUGE_TYPES]
+            means, [run_scores[k]["low"] for k in keys], [run_scores[k]["high"] for k in keys]
         )
-        offset = (index - (len(rouge) - 1) / 2) * width
+        offset = (index - (len(scores) - 1) / 2) * width
         ax.bar(x + offset, means, width, yerr=errors, capsize=3, label=name)
-    ax.set_xticks(x, [ROUGE_LABELS[t] for t in ROUGE_TYPES])
-    ax.set(ylabel="F1 x100", title=f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)")
+    ax.set_xticks(x, [labels[k] for k in keys])
+    ax.set(ylabel=ylabel, title=title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
     save_figure(fig, path)
 
 
-def plot_speed(speed: dict[str, dict], path: Path) -> None:
-    """Prefill and decode throughput and seconds per summary of every run (median, min-max over rounds)."""
+GENERATION_PANELS = (
+    ("prefill_tokens_per_s", "prefill tokens/s"),
+    ("decode_tokens_per_s", "decode tokens/s"),
+    ("seconds_per_summary", "seconds per summary"),
+)
+
+
+def plot_speed(
+    speed: dict[str, dict],
+    path: Path,
+    panels: tuple[tuple[str, str], ...] = GENERATION_PANELS,
+    title: str = "Inference speed (batch 1, interleaved rounds; bars: median, whiskers: min-max)",
+) -> None:
+    """One bar chart per `(key, label)` of `panels` (default: prefill and decode throughput and seconds per
+    summary) of every run: the median over the interleaved rounds, whiskers from min to max."""
     plt = pyplot()
-    panels = (
-        ("prefill_tokens_per_s", "prefill tokens/s"),
-        ("decode_tokens_per_s", "decode tokens/s"),
-        ("seconds_per_summary", "seconds per summary"),
-    )
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.5))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.7 * len(panels), 3.5), squeeze=False)
     names = list(speed)
-    for ax, (key, label) in zip(axes, panels, strict=True):
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
         medians = [speed[n][key] for n in names]
         rounds = [[row[key] for row in speed[n]["rounds"]] for n in names]
         errors = _error_bars(medians, [min(r) for r in rounds], [max(r) for r in rounds])
@@ -75,5 +90,5 @@ def plot_speed(speed: dict[str, dict], path: Path) -> None:
         ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Inference speed (batch 1, interleaved rounds; bars: median, whiskers: min-max)", y=1.04)
+    fig.suptitle(title, y=1.04)
     save_figure(fig, path)

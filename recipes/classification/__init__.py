@@ -1,0 +1,2 @@
+"""Encoder classification recipe (BERT, ViT):
+`python -m recipes.classification --config <file> [--key value ...]`."""

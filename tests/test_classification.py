@@ -162,7 +162,7 @@ def _check_results(out: Path, test_examples: int) -> dict:
 
 def test_text_end_to_end(assets, tmp_path, capsys):
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
-    keys["label_column"] = "topic"
+    keys |= {"label_column": "topic", "eval_steps": 2}
     assert main(["--config", str(write_config(tmp_path / "c.yaml", keys)), "--max-length", "8"]) == 0
     assert "Delta vs baseline" in capsys.readouterr().out
     comparison = _check_results(tmp_path / "tiny", test_examples=6)
@@ -173,6 +173,10 @@ def test_text_end_to_end(assets, tmp_path, capsys):
     saved = json.loads((tmp_path / "tiny" / "output-headwise" / "model" / "config.json").read_text())
     assert saved["gate_attention"]["variant"] == "output"
     assert saved["architectures"] == ["BertForSequenceClassification"] and len(saved["id2label"]) == 3
+    history = json.loads((tmp_path / "tiny" / "baseline" / "metrics.json").read_text())["training"][
+        "log_history"
+    ]
+    assert 2 in [entry["step"] for entry in history if "eval_loss" in entry]  # validation loss logged
 
 
 def test_image_end_to_end(assets, tmp_path):

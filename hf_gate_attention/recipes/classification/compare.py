@@ -28,7 +28,7 @@ from ..summarization.plots import plot_loss_curves, plot_scores, plot_speed
 from ..summarization.train import TRAIN_SUMMARY_FILE, is_trained, train_model
 from .config import ClassificationConfig
 from .data import ClassificationData, load_classification_dataset
-from .evaluation import deltas, interleaved_throughput, per_class_counts, predict, quality, speed_ratios
+from .evaluation import confusion_matrix, deltas, interleaved_throughput, predict, quality, speed_ratios
 from .metrics import METRIC_LABELS
 from .model import (
     ClassificationCollator,
@@ -139,7 +139,7 @@ def write_results(
     out = config.run_dir
     labels = [row["label"] for row in data.splits["test"]]
     for row in rows:
-        confusion = per_class_counts(labels, predictions[row["run"]], len(data.label_names))
+        confusion = confusion_matrix(labels, predictions[row["run"]], len(data.label_names))
         metrics = row | {"training": trainings[row["run"]], "confusion_matrix": confusion}
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
     atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence))

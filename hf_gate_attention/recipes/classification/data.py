@@ -284,14 +284,15 @@ def _columns(raw: dict, dataset: str, text_column, image_column, label_column) -
 
 
 def _with_all_splits(raw: dict[str, list[dict]], dataset: str) -> dict[str, list[dict]]:
-    """Carve the missing test/validation splits out of `train` by the fixed rule on `<dataset>/<row>`."""
+    """Carve the missing test/validation splits out of `train` by the fixed rule on `<name>/<row>`, `name` the
+    dataset's last path part (a file's split does not depend on the folder it sits in)."""
     missing = [split for split in ("validation", "test") if split not in raw]
     if not missing:
         return raw
     kept = {"train": [], **{split: raw[split] for split in raw if split != "train"}}
     kept.update({split: [] for split in missing})
     for index, row in enumerate(raw["train"]):
-        rule = split_of(f"{dataset}/{index}")
+        rule = split_of(f"{Path(dataset).name}/{index}")
         if rule in missing:
             target = rule
         else:  # with a test split but no validation split, the test bucket goes to validation

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.config import GateConfig
-from ...core.patching import BACKENDS
-from ..summarization.config import RUN_NAME, RunSpec, from_mapping
+from ..summarization.config import RunSpec, check_shared_keys, from_mapping
 
 
 def _default_runs() -> list[RunSpec]:
@@ -107,15 +106,7 @@ class ClassificationConfig:
 
     def __post_init__(self):
         self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
-        if not RUN_NAME.match(self.name):
-            raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
-        names = [r.name for r in self.runs]
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
-        if sum(r.is_baseline for r in self.runs) > 1:
-            raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
+        check_shared_keys(self)
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; pick one")
         if not 0 < self.confidence < 1:

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.config import GateConfig
-from ...core.patching import BACKENDS
-from ..summarization.config import RUN_NAME, RunSpec, from_mapping
+from ..summarization.config import RunSpec, check_shared_keys, from_mapping
 
 # keys that say where the study lives or how this invocation behaves; never part of its identity
 INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend", "corpus_archives", "cache_dir")
@@ -115,13 +114,8 @@ class StudyConfig:
 
     def __post_init__(self):
         self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
-        if not RUN_NAME.match(self.name):
-            raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
+        check_shared_keys(self)
         names = [r.name for r in self.runs]
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
         unknown = sorted(set(self.main_runs) - set(names))
         if unknown:
             raise ValueError(f"main_runs {unknown} are not in runs ({', '.join(names)})")

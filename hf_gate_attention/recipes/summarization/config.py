@@ -67,6 +67,20 @@ class RunSpec:
         return cls(name, None if gate is None else GateConfig.from_dict(gate))
 
 
+def check_shared_keys(config) -> None:
+    """The checks every recipe's config shares: `name` (a folder name), `runs` (at least one, unique names,
+    at most one ungated baseline) and `backend`; `ValueError` naming what is wrong and what is accepted."""
+    if not RUN_NAME.match(config.name):
+        raise ValueError(f"name={config.name!r} is not valid: use letters, digits, '.', '_' or '-'")
+    names = [r.name for r in config.runs]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
+    if sum(r.is_baseline for r in config.runs) > 1:
+        raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
+    if config.backend not in BACKENDS:
+        raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
+
+
 def _default_runs() -> list[RunSpec]:
     return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
 
@@ -180,20 +194,8 @@ class RecipeConfig:
         self._validate()
 
     def _validate(self) -> None:
-        if not RUN_NAME.match(self.name):
-            raise ValueError(f"name={self.name!r} is not valid: use letters, digits, '.', '_' or '-'")
-        if not self.runs:
-            raise ValueError("`runs` is empty: list at least one model to train and evaluate")
-        names = [r.name for r in self.runs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"run names must be unique, got {names}")
-        if sum(r.is_baseline for r in self.runs) > 1:
-            raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
-        for key, accepted in (
-            ("train", TRAIN_MODES),
-            ("truncation", TRUNCATION_STRATEGIES),
-            ("backend", BACKENDS),
-        ):
+        check_shared_keys(self)
+        for key, accepted in (("train", TRAIN_MODES), ("truncation", TRUNCATION_STRATEGIES)):
             if getattr(self, key) not in accepted:
                 raise ValueError(
                     f"{key}={getattr(self, key)!r} is not valid; accepted: {', '.join(accepted)}"

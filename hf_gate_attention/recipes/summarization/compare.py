@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
@@ -89,37 +91,38 @@ def _release_memory() -> None:
 
 
 def evaluate_all(
-    config: RecipeConfig, model_path: str, tokenizer, test_set: datasets.Dataset
+    config: RecipeConfig, names: list[str], load: Callable[[str], Any], tokenizer, test_set: datasets.Dataset
 ) -> dict[str, dict]:
-    """ROUGE of every run on the test split (kept from an earlier invocation when still valid)."""
+    """ROUGE on the test split of each model `load(name)` of `names`, saved in `<name>/quality.json` (kept
+    from an earlier invocation when still valid); shared by the recipes that generate summaries."""
     prompts = generation_prompts(test_set, tokenizer, config)
     references = list(test_set["summary"])
     ids = list(test_set["id"]) if "id" in test_set.column_names else list(range(len(test_set)))
     quality = {}
-    for run in config.runs:
-        path = config.run_dir / run.name / QUALITY_FILE
-        quality[run.name] = read_json(path)
-        if quality[run.name] is None:
-            model = load_trained_model(config, run, model_path)
-            quality[run.name] = evaluate_quality(model, tokenizer, prompts, references, config, run.name)
+    for name in names:
+        path = config.run_dir / name / QUALITY_FILE
+        quality[name] = read_json(path)
+        if quality[name] is None:
+            model = load(name)
+            quality[name] = evaluate_quality(model, tokenizer, prompts, references, config, name)
             del model
             _release_memory()
             atomic_write_text(
                 path.with_name("predictions.jsonl"),
-                predictions_jsonl(ids, quality[run.name]["predictions"], references),
+                predictions_jsonl(ids, quality[name]["predictions"], references),
             )
-            atomic_write_json(path, quality[run.name])
+            atomic_write_json(path, quality[name])
     return quality
 
 
 def measure_speed(
-    config: RecipeConfig, model_path: str, tokenizer, test_set: datasets.Dataset
+    config: RecipeConfig, names: list[str], load: Callable[[str], Any], tokenizer, test_set: datasets.Dataset
 ) -> dict[str, dict]:
-    """Interleaved timing of all runs on the first `speed_examples` test prompts."""
+    """Interleaved timing of the models `load(name)` of `names` on the first `speed_examples` test prompts."""
     prompts = generation_prompts(
         test_set.select(range(min(config.speed_examples, len(test_set)))), tokenizer, config
     )
-    models = {run.name: load_trained_model(config, run, model_path) for run in config.runs}
+    models = {name: load(name) for name in names}
     speed = interleaved_speed(models, prompts, config.speed_rounds, config.speed_new_tokens)
     del models
     _release_memory()
@@ -195,8 +198,13 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
             return None
 
     trainings = {run.name: read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE) for run in config.runs}
-    quality = evaluate_all(config, model_path, tokenizer, data["test"])
-    speed = measure_speed(config, model_path, tokenizer, data["test"])
+    runs = {run.name: run for run in config.runs}
+
+    def load(name: str):
+        return load_trained_model(config, runs[name], model_path)
+
+    quality = evaluate_all(config, list(runs), load, tokenizer, data["test"])
+    speed = measure_speed(config, list(runs), load, tokenizer, data["test"])
     rows = comparison_rows(config, trainings, quality, speed)
     write_results(config, rows, trainings, quality, data)
     return config.run_dir

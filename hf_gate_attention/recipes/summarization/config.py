@@ -292,7 +292,8 @@ def _convert(value: Any, target) -> Any:
         if not isinstance(items, list):
             raise ValueError(f"expected a list, got {value!r}")
         (item_type,) = typing.get_args(target)
-        return items if item_type is RunSpec else [_convert(item, item_type) for item in items]
+        # runs (`RunSpec`, or another recipe's run dataclass) are read by the config's own __post_init__
+        return items if dataclasses.is_dataclass(item_type) else [_convert(item, item_type) for item in items]
     raise TypeError(f"unsupported config type {target}")
 
 
@@ -346,9 +347,12 @@ def load_config(
 
 
 def _saved_runs(runs: list[dict]) -> list[dict]:
-    """Runs of a saved config as the current version writes them (older gate fields read by `from_saved`)."""
+    """Runs of a saved config as the current version writes them (older gate fields read by `from_saved`);
+    runs without a `gate` (another recipe's runs, such as the distillation's) are compared as saved."""
     return [
         RunSpec(run["name"], None if run["gate"] is None else GateConfig.from_saved(run["gate"])).to_dict()
+        if "gate" in run
+        else run
         for run in runs
     ]
 

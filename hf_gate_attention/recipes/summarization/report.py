@@ -61,27 +61,44 @@ def _speed_cells(row: dict) -> list[str]:
     return cells + ([_ratio(ratios[key]) for key in RATIO_KEYS] if ratios else ["-"] * len(RATIO_KEYS))
 
 
-def markdown_table(rows: list[dict], confidence: float) -> str:
-    """Markdown tables of `comparison_rows`: ROUGE with CIs, deltas vs the baseline, speed and its ratios."""
+def markdown_table(
+    rows: list[dict],
+    confidence: float,
+    *,
+    reference: str = "baseline",
+    speed_reference: str | None = None,
+    extra_columns: tuple[str, ...] = (),
+) -> str:
+    """Markdown tables of `comparison_rows`: ROUGE with CIs, deltas vs the baseline, speed and its ratios.
+
+    `reference` and `speed_reference` (default: `reference`) name, in the captions, what the rows' `deltas`
+    and `speed_ratios` compare against; `extra_columns` are row keys shown after the gate column."""
     level = f"{100 * confidence:g} %"
     labels = [ROUGE_LABELS[t] for t in ROUGE_TYPES]
     lines = [f"ROUGE F1 x100 on the test split, mean [{level} bootstrap CI]", ""]
     rouge_rows = [
-        [row["run"], gate_label(row["gate"]), f"{row['trainable_params']:,}", str(row["global_step"])]
+        [
+            row["run"],
+            gate_label(row["gate"]),
+            *("-" if row.get(key) is None else str(row[key]) for key in extra_columns),
+        ]
+        + [f"{row['trainable_params']:,}", str(row["global_step"])]
         + [score_with_ci(row["rouge"][t]) for t in ROUGE_TYPES]
         for row in rows
     ]
-    lines.append(table(["run", "gate", "trained params", "steps", *labels], rouge_rows))
+    header = ["run", "gate", *extra_columns, "trained params", "steps", *labels]
+    lines.append(table(header, rouge_rows))
     gated = [row for row in rows if row.get("deltas")]
     if gated:
-        lines += ["", f"Delta vs baseline in ROUGE points [{level} paired bootstrap CI] (relative delta)", ""]
+        caption = f"Delta vs {reference} in ROUGE points [{level} paired bootstrap CI] (relative delta)"
+        lines += ["", caption, ""]
         delta_rows = [[row["run"]] + [_delta_cell(row["deltas"][t]) for t in ROUGE_TYPES] for row in gated]
         lines.append(table(["run", *labels], delta_rows))
     new_tokens = rows[0]["speed"]["new_tokens"]
     lines += [
         "",
         f"Inference speed (batch 1, summaries of {new_tokens} tokens, medians of interleaved rounds); "
-        "ratios vs baseline: > 1 is faster (memory: > 1 uses more)",
+        f"ratios vs {speed_reference or reference}: > 1 is faster (memory: > 1 uses more)",
         "",
     ]
     header = ["run", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"]
@@ -90,13 +107,15 @@ def markdown_table(rows: list[dict], confidence: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: list[dict]) -> str:
-    """One CSV row per run with every number of the comparison in its own column."""
+def csv_table(rows: list[dict], extra_columns: tuple[str, ...] = ()) -> str:
+    """One CSV row per run with every number of the comparison in its own column (`extra_columns`: row keys
+    added after the gate)."""
     records = []
     for row in rows:
         record = {
             "run": row["run"],
             "gate": gate_label(row["gate"]),
+            **{key: row.get(key) for key in extra_columns},
             "trainable_params": row["trainable_params"],
             "global_step": row["global_step"],
         }

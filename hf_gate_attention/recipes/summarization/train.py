@@ -221,13 +221,24 @@ def train_run(
 
 
 def train_model(
-    config, run: RunSpec, model, data_collator, train_set, validation_set, callbacks=None
+    config,
+    run: RunSpec,
+    model,
+    data_collator,
+    train_set,
+    validation_set,
+    callbacks=None,
+    *,
+    trainer_class: type[GateLearningRateTrainer] = GateLearningRateTrainer,
+    trainer_kwargs: dict | None = None,
 ) -> dict:
     """Train `model` (the model of `run`, built by the recipe) with the Trainer and the training keys of
     `config` (those `training_arguments` reads, plus `run_dir`, `resume`, `gate_learning_rate`), save it to
     `<run>/model` and return (and save) the training summary; shared by the recipes.
 
-    `data_collator` turns a list of `train_set` rows into the model's batch. With `config.resume`, training
+    `data_collator` turns a list of `train_set` rows into the model's batch. `trainer_class` (a
+    `GateLearningRateTrainer`, e.g. one with its own `compute_loss`) gets `trainer_kwargs` as extra keyword
+    arguments. With `config.resume`, training
     continues from the last complete checkpoint in `<run>/checkpoints`. A model without trainable parameters
     is not trained (`"trained": False`).
     """
@@ -239,7 +250,7 @@ def train_model(
         summary |= {"trained": False, "global_step": 0, "log_history": []}
     else:
         checkpoint_dir = run_dir / "checkpoints"
-        trainer = GateLearningRateTrainer(
+        trainer = trainer_class(
             model=model,
             args=training_arguments(config, checkpoint_dir),
             train_dataset=train_set,
@@ -247,6 +258,7 @@ def train_model(
             data_collator=data_collator,
             callbacks=callbacks,
             gate_learning_rate=config.gate_learning_rate,
+            **(trainer_kwargs or {}),
         )
         checkpoint = last_complete_checkpoint(checkpoint_dir) if config.resume else None
         if checkpoint is not None:

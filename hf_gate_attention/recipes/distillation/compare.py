@@ -1,0 +1,192 @@
+"""One command for a distillation comparison: train every student on the same data, seed and budget with its
+distillation weights, evaluate them and the teacher with the summarization recipe's ROUGE, time them
+interleaved (the teacher as a reference row), and write the results folder.
+
+Layout of `<output_dir>/<name>/` (the summarization recipe's, plus the teacher's row):
+
+    config.json                      the DistillationConfig (identity of the folder)
+    comparison.md / .csv / .json     the comparison table (comparison.json: also the layer map)
+    loss_curves.png, rouge.png, speed.png
+    <run>/checkpoints/checkpoint-N/  Trainer checkpoints (resume)
+    <run>/model/                     the trained student (a gated checkpoint)
+    <run>/train_summary.json         written when training finished
+    <run>/quality.json, predictions.jsonl, metrics.json
+    teacher/quality.json, predictions.jsonl, metrics.json   the teacher's ROUGE and speed (not trained here)
+
+Single process: distributed launches are not supported by this recipe.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from ...core.patching import gate_config_of
+from ...files import atomic_write_json, atomic_write_text, read_json
+from ...sharing.loading import from_pretrained as load_gated
+from ..summarization.compare import evaluate_all, load_data, measure_speed
+from ..summarization.evaluation import inference_device, inference_dtype
+from ..summarization.files import check_run_dir, claim_run_dir
+from ..summarization.plots import plot_loss_curves, plot_rouge, plot_speed
+from ..summarization.report import csv_table, markdown_table, rouge_deltas, speed_ratios
+from ..summarization.train import (
+    TRAIN_SUMMARY_FILE,
+    count_parameters,
+    is_trained,
+    load_tokenizer,
+    training_features,
+)
+from .config import TEACHER_ROW, DistillationConfig
+from .models import build_student, gated_pairs, load_teacher, student_source
+from .train import train_student
+
+logger = logging.getLogger(__name__)
+
+EXTRA_COLUMNS = ("alpha_kd", "alpha_gate", "layers")
+
+
+def train_all(config: DistillationConfig, teacher, tokenizer, data, callbacks) -> None:
+    """Train every student not yet trained with the current budget."""
+    train_set = training_features(data["train"], tokenizer, config)
+    validation_set = (
+        training_features(data["validation"], tokenizer, config) if "validation" in data else None
+    )
+    for run in config.runs:
+        if config.resume and is_trained(config, run):
+            logger.warning("Run %s: already trained, kept", run.name)
+            continue
+        (config.run_dir / run.name / "quality.json").unlink(missing_ok=True)  # stale once retrained
+        train_student(config, run, teacher, tokenizer, train_set, validation_set, callbacks)
+        gc.collect()
+
+
+def load_for_evaluation(config: DistillationConfig, name: str):
+    """The teacher (`name == "teacher"`) or a trained student, in the evaluation dtype, in eval mode."""
+    folder = config.teacher if name == TEACHER_ROW else config.run_dir / name / "model"
+    model = load_gated(
+        str(folder),
+        AutoModelForCausalLM,
+        backend=config.backend,
+        dtype=inference_dtype(config),
+        attn_implementation=config.attn_implementation,
+    )
+    return model.to(inference_device()).eval()
+
+
+def comparison_rows(
+    config: DistillationConfig, setup: dict, trainings: dict, quality: dict, speed: dict
+) -> list:
+    """One row per student, then the teacher's: weights, depth, trained parameters and steps, ROUGE, speed;
+    ROUGE deltas vs the student trained alone, speed ratios vs the teacher."""
+    baseline = config.baseline
+    rows = []
+    for run in config.runs:
+        training = trainings[run.name]
+        rows.append(
+            run.to_dict()
+            | {
+                "run": run.name,
+                "layers": read_json(config.run_dir / run.name / "model" / "config.json")["num_hidden_layers"],
+                "trainable_params": training["parameters"]["trainable"],
+                "global_step": training["global_step"],
+                "speed_ratios": speed_ratios(speed[run.name], speed[TEACHER_ROW]),
+            }
+        )
+    rows.append(
+        {
+            "run": TEACHER_ROW,
+            "layers": setup["teacher"]["layers"],
+            "trainable_params": 0,  # frozen here
+            "global_step": 0,
+        }
+    )
+    stats = (config.n_bootstrap, config.confidence, config.seed)
+    gate = setup["teacher"]["gate"]
+    for row in rows:
+        row |= {"gate": gate, "rouge": quality[row["run"]]["rouge"], "speed": speed[row["run"]]}
+        if baseline is not None and row["run"] != baseline.name:
+            row["deltas"] = rouge_deltas(quality[row["run"]], quality[baseline.name], *stats)
+    return rows
+
+
+def comparison_tables(rows: list[dict], confidence: float, reference: str) -> str:
+    """The summarization recipe's Markdown tables with the distillation weights and depth of each row,
+    ROUGE deltas vs `reference` (the student trained alone) and speed ratios vs the teacher."""
+    return markdown_table(
+        rows, confidence, reference=reference, speed_reference=TEACHER_ROW, extra_columns=EXTRA_COLUMNS
+    )
+
+
+def write_results(config: DistillationConfig, rows: list[dict], trainings: dict, quality: dict, setup: dict):
+    """Per-run metrics.json, comparison.md/.csv/.json and the plots (loss curves: the task loss)."""
+    out = config.run_dir
+    reference = config.baseline.name if config.baseline else "-"
+    for row in rows:
+        metrics = row | {
+            "training": trainings.get(row["run"]),
+            "quality": {k: v for k, v in quality[row["run"]].items() if k != "predictions"},
+        }
+        atomic_write_json(out / row["run"] / "metrics.json", metrics)
+    atomic_write_text(out / "comparison.md", comparison_tables(rows, config.confidence, reference))
+    atomic_write_text(out / "comparison.csv", csv_table(rows, EXTRA_COLUMNS))
+    comparison = {"config": config.to_dict(), **setup, "reference": reference, "runs": rows}
+    atomic_write_json(out / "comparison.json", comparison)
+    task_losses = {
+        name: [{**h, "loss": h["task_loss"]} if "task_loss" in h else h for h in t["log_history"]]
+        for name, t in trainings.items()
+    }
+    plot_loss_curves(task_losses, out / "loss_curves.png")
+    plot_rouge({row["run"]: row["rouge"] for row in rows}, config.confidence, out / "rouge.png")
+    plot_speed({row["run"]: row["speed"] for row in rows}, out / "speed.png")
+
+
+def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback] | None = None) -> Path:
+    """Train, evaluate and compare every student of `config` and the teacher; returns the results folder.
+
+    The teacher, the student and their layer map are checked before anything is written: a missing or
+    ungated teacher folder, a layer the teacher lacks or a head count that differs is a `ValueError` /
+    `FileNotFoundError` naming it.
+
+    Args:
+        config: the comparison (see [`DistillationConfig`]).
+        callbacks: extra `TrainerCallback`s for every training (e.g. to stop early).
+    """
+    check_run_dir(config)
+    teacher = load_teacher(config)
+    student, layer_map = build_student(config, teacher)  # checks the pair
+    setup = {
+        "teacher": {
+            "folder": config.teacher,
+            "layers": teacher.config.num_hidden_layers,
+            "gate": gate_config_of(teacher).to_dict(),
+        },
+        "student": {
+            "source": student_source(config),
+            "layers": student.config.num_hidden_layers,
+            "parameters": count_parameters(student)["total"],
+        },
+        "layer_map": layer_map,
+        "gate_pairs": gated_pairs(layer_map, teacher, student),
+    }
+    del student
+    tokenizer = load_tokenizer(student_source(config))
+    data = load_data(config)
+    claim_run_dir(config)  # after the input was read: bad input leaves no folder behind
+    train_all(config, teacher, tokenizer, data, callbacks)
+    del teacher
+    gc.collect()
+
+    names = [run.name for run in config.runs] + [TEACHER_ROW]
+    trainings = {run.name: read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE) for run in config.runs}
+
+    def load(name: str):
+        return load_for_evaluation(config, name)
+
+    quality = evaluate_all(config, names, load, tokenizer, data["test"])
+    speed = measure_speed(config, names, load, tokenizer, data["test"])
+    rows = comparison_rows(config, setup, trainings, quality, speed)
+    write_results(config, rows, trainings, quality, setup)
+    return config.run_dir

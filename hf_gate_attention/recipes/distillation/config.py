@@ -1,0 +1,209 @@
+"""`DistillationConfig`: every knob of the distillation recipe (YAML/JSON file and `--key value`), read with
+the summarization recipe's machinery (`from_mapping`, `load_config`, `check_shared_keys`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..summarization.config import RUN_NAME, check_shared_keys, from_mapping
+from ..summarization.data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
+
+TEACHER_ROW = "teacher"  # the teacher's row of the tables; no run may take this name
+DEFAULT_TEACHER = "results/reproduce/output-headwise/model"
+
+
+@dataclass(frozen=True)
+class DistillRunSpec:
+    """One student of a comparison: a name (its results subfolder) and the weights of its distillation
+    terms; the run with both at 0 is the student trained alone (the reference of the deltas)."""
+
+    name: str
+    alpha_kd: float = 0.0
+    alpha_gate: float = 0.0
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.alpha_kd == 0 and self.alpha_gate == 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "alpha_kd": self.alpha_kd, "alpha_gate": self.alpha_gate}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> DistillRunSpec:
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"each entry of `runs` must be a mapping {{name, alpha_kd, alpha_gate}}, got {data!r}"
+            )
+        unknown = sorted(set(data) - {"name", "alpha_kd", "alpha_gate"})
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {unknown} in run {data!r}; a run has the keys: name, alpha_kd, alpha_gate"
+            )
+        name = data.get("name")
+        if not isinstance(name, str) or not RUN_NAME.match(name) or name == TEACHER_ROW:
+            raise ValueError(
+                f"run name {name!r} is not valid: use letters, digits, '.', '_' or '-' ({TEACHER_ROW!r} is "
+                "the teacher's row)"
+            )
+        weights = {}
+        for key in ("alpha_kd", "alpha_gate"):
+            value = data.get(key, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"run {name!r}: {key}={value!r} must be a number >= 0")
+            weights[key] = float(value)
+        return cls(name, **weights)
+
+
+def _default_runs() -> list[DistillRunSpec]:
+    return [
+        DistillRunSpec("student-alone"),
+        DistillRunSpec("logit-kd", alpha_kd=1.0),
+        DistillRunSpec("logit-gate-kd", alpha_kd=1.0, alpha_gate=1.0),
+    ]
+
+
+@dataclass
+class DistillationConfig:
+    """Configuration of a distillation comparison: every student gets the same data, seed and budget.
+
+    Loss of a run: `task + alpha_kd * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + alpha_gate *
+    MSE(student gates, teacher gates)`, the task loss and the KL on the summary tokens, the gate MSE on the
+    non-padding tokens of the mapped layers (`hf_gate_attention.recipes.distillation.losses`).
+
+    Run (as in the summarization recipe's `RecipeConfig`):
+        name, output_dir: results go to `<output_dir>/<name>/`.
+        overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
+            their last checkpoint; only the summarization recipe's `RESUMABLE_KEYS` may change).
+        backend (`str`, defaults to `"auto"`): what runs the gates of both models, as in `patch`.
+        runs (`list`): the students `{name, alpha_kd, alpha_gate}`; the one with both weights 0 (at most
+            one) is the student trained alone, the reference of the ROUGE deltas.
+
+    Teacher and student:
+        teacher (`str`): folder of a gated causal LM fine-tuned by the summarization recipe
+            (`<results>/<run>/model`, loaded with `hf_gate_attention.from_pretrained`); frozen.
+        student (`str`, *optional*): a smaller causal LM (Hub id or folder) of the same vocabulary, used whole
+            and patched with the teacher's `GateConfig` (or already gated with it). `None`: the pretrained
+            model named `model` in the teacher's results config (`<results>/config.json`), keeping only the
+            decoder layers `layer_map`.
+        student_num_layers (`int`, *optional*): layers of the student built from the teacher's base
+            (`None`: half the teacher's, rounded up); ignored when `layer_map` or `student` is set.
+        layer_map (`list[int]`, *optional*): student layer `i` <- teacher layer `layer_map[i]` (the built
+            student keeps those pretrained layers, in that order; the gate loss compares those layers).
+            `None`: evenly spaced, first and last kept (`default_layer_map`).
+        temperature (`float`): `T` of the logit distillation.
+        attn_implementation (`str`, defaults to `"sdpa"`).
+
+    Data, training and evaluation: the summarization recipe's keys of the same names (see `RecipeConfig`);
+    the preset uses the values the teacher was trained with. Every weight of the student is trained.
+    """
+
+    name: str = "distill"
+    output_dir: str = "results"
+    overwrite: bool = False
+    resume: bool = False
+    backend: str = "auto"
+    runs: list[DistillRunSpec] = field(default_factory=_default_runs)
+    # teacher and student
+    teacher: str = DEFAULT_TEACHER
+    student: str | None = None
+    student_num_layers: int | None = None
+    layer_map: list[int] | None = None
+    temperature: float = 2.0
+    attn_implementation: str = "sdpa"
+    # data
+    dataset: str = "aclsum"
+    document_column: str | None = None
+    summary_column: str | None = None
+    max_train_examples: int | None = None
+    max_validation_examples: int | None = None
+    max_test_examples: int | None = None
+    doc_token_budget: int = 512
+    truncation: str = "head"
+    max_summary_tokens: int = 256
+    instruction: str = DEFAULT_INSTRUCTION
+    # training
+    learning_rate: float = 5e-5
+    gate_learning_rate: float | None = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: float = 0.1
+    lr_scheduler_type: str = "linear"
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 1
+    per_device_eval_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    logging_steps: int = 1
+    eval_steps: int | None = None
+    save_steps: int = 50
+    save_total_limit: int | None = 1
+    ddp_backend: str | None = None
+    # evaluation
+    max_new_tokens: int = 128
+    generation_batch_size: int = 4
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    speed_examples: int = 4
+    speed_rounds: int = 3
+    speed_new_tokens: int = 64
+
+    def __post_init__(self):
+        self.runs = [r if isinstance(r, DistillRunSpec) else DistillRunSpec.from_dict(r) for r in self.runs]
+        self._validate()
+
+    def _validate(self) -> None:
+        if sum(r.is_baseline for r in self.runs) > 1:
+            names = [r.name for r in self.runs if r.is_baseline]
+            raise ValueError(
+                f"at most one run may train the student alone (alpha_kd: 0, alpha_gate: 0), got {names}"
+            )
+        check_shared_keys(self)
+        if self.truncation not in TRUNCATION_STRATEGIES:
+            raise ValueError(
+                f"truncation={self.truncation!r} is not valid; accepted: {', '.join(TRUNCATION_STRATEGIES)}"
+            )
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16 and fp16 are both true; pick one")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0")
+        if self.layer_map is not None and not self.layer_map:
+            raise ValueError(
+                "layer_map=[] is not valid: give the teacher layer of each student layer, or null"
+            )
+        positive = ("doc_token_budget", "max_summary_tokens", "max_new_tokens", "generation_batch_size")
+        positive += ("n_bootstrap", "speed_examples", "speed_rounds", "per_device_train_batch_size")
+        for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
+            if getattr(self, key) < minimum:
+                raise ValueError(f"{key}={getattr(self, key)} must be >= {minimum}")
+        if self.student_num_layers is not None and self.student_num_layers < 1:
+            raise ValueError(f"student_num_layers={self.student_num_layers} must be >= 1")
+
+    @property
+    def baseline(self) -> DistillRunSpec | None:
+        """The student trained alone (`None` when no run has both weights at 0)."""
+        return next((r for r in self.runs if r.is_baseline), None)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["runs"] = [r.to_dict() for r in self.runs]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config") -> DistillationConfig:
+        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
+        return from_mapping(cls, data, source)
+
+    def replace(self, **changes) -> DistillationConfig:
+        return DistillationConfig.from_dict({**self.to_dict(), **changes})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,15 +16,17 @@ from test_recipe import StopAtStep
 from hf_gate_attention import patch
 from hf_gate_attention.core.config import GateConfig
 from hf_gate_attention.recipes.distillation import (
+    DistillationConfig,
     default_layer_map,
     gate_mse,
     kd_loss_sum,
     recorded_gates,
+    run_distillation,
     summary_positions,
 )
 from hf_gate_attention.recipes.distillation.cli import main
 from hf_gate_attention.recipes.distillation.report import main as report_main
-from hf_gate_attention.recipes.summarization import RecipeConfig, run_comparison
+from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 
 OUTPUT = {"variant": "output", "granularity": "headwise"}
 DISTILL_RUNS = [
@@ -159,8 +162,6 @@ def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
     runs = [DISTILL_RUNS[0], DISTILL_RUNS[2]]
     keys = distill_keys(tiny_assets, teacher, tmp_path / "results", runs=runs, max_steps=3, save_steps=2)
     out = tmp_path / "results" / "distill"
-    from hf_gate_attention.recipes.distillation import DistillationConfig, run_distillation
-
     with pytest.raises(KeyboardInterrupt):
         run_distillation(DistillationConfig.from_dict(keys), [StopAtStep(out / "logit-gate-kd", step=3)])
     alone = (out / "student-alone" / "train_summary.json").read_text()
@@ -203,3 +204,10 @@ def test_teacher_folder_that_is_not_gated_or_missing_is_named(tiny_assets, teach
     err = capsys.readouterr().err
     expected = "is not a gated checkpoint" if case == "ungated" else "does not exist"
     assert f"teacher folder {str(folder)!r} {expected}" in err
+
+
+def test_the_preset_reads_and_distills_the_reproductions_teacher():
+    preset = Path(__file__).parents[1] / "recipes" / "distillation" / "configs" / "distill.yaml"
+    config = load_config(preset, config_class=DistillationConfig)
+    assert config.teacher == "results/reproduce/output-headwise/model" and config.student_num_layers == 15
+    assert [r.name for r in config.runs] == [r["name"] for r in DISTILL_RUNS]

@@ -1,0 +1,2 @@
+"""Distillation of gating into a smaller model:
+`python -m recipes.distillation --config <file> [--key value ...]`."""

@@ -177,10 +177,16 @@ def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
 # ------------------------------------------------------------------------------------------- bad input
 
 
-def test_layer_outside_the_teacher_is_named(tiny_assets, teacher, tmp_path, capsys):
-    keys = distill_keys(tiny_assets, teacher, tmp_path / "results", layer_map=[5])
+@pytest.mark.parametrize(
+    ("layer_map", "message"),
+    [([5], "teacher layer(s) [5]; the teacher has layers 0..1"), ([1, 1], "layer_map [1, 1] repeats")],
+)
+def test_layer_map_the_teacher_cannot_serve_is_named(
+    tiny_assets, teacher, tmp_path, capsys, layer_map, message
+):
+    keys = distill_keys(tiny_assets, teacher, tmp_path / "results", layer_map=layer_map)
     assert _run(tmp_path, keys) == 2
-    assert "teacher layer(s) [5]; the teacher has layers 0..1" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "results" / "distill").exists()  # nothing written
 
 

@@ -151,6 +151,11 @@ def student_layer_map(config: DistillationConfig, teacher: nn.Module) -> list[in
         student_layers = AutoConfig.from_pretrained(resolve_model(config.student)).num_hidden_layers
         layer_map = default_layer_map(teacher_layers, student_layers)
     check_teacher_layers(layer_map, teacher_layers)
+    if config.student is None and len(set(layer_map)) != len(layer_map):
+        raise ValueError(
+            f"layer_map {layer_map} repeats a teacher layer: a student built from the teacher's base keeps "
+            f"each pretrained layer once (student_num_layers <= {teacher_layers}, or distinct entries)"
+        )
     return layer_map
 
 

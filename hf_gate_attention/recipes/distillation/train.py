@@ -48,6 +48,7 @@ class DistillationTrainer(GateLearningRateTrainer):
             teacher_logits = self.teacher(
                 input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
             ).logits  # (batch, seq, vocab)
+        # the Trainer's rule: a loss divided by `num_items_in_batch` is not divided by the accumulation steps
         scaled_for_accumulation = self.model_accepts_loss_kwargs and num_items_in_batch is not None
         loss, parts = task, {"task_loss": task.detach()}
         if self.run.alpha_kd:
@@ -65,7 +66,7 @@ class DistillationTrainer(GateLearningRateTrainer):
                 )
             pairs = [(student_gates[s], teacher_gates[t]) for s, t in self.pairs]
             gates = gate_mse(*zip(*pairs, strict=True), inputs["attention_mask"])
-            steps = self.args.gradient_accumulation_steps if scaled_for_accumulation else 1
+            steps = self.current_gradient_accumulation_steps if scaled_for_accumulation else 1
             loss, parts["gate_loss"] = loss + self.run.alpha_gate * gates / steps, gates.detach()
         for key, value in parts.items():
             self._parts[key].append(float(value))

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ...files import atomic_write_text, read_json
+from ...formatting import gate_label
 from ..summarization.report import rouge_deltas
 from .compare import comparison_tables
 
@@ -94,7 +95,8 @@ def distillation_report(results: str | Path, command: str) -> str:
             "",
             "## Setup",
             "",
-            f"- Teacher: `{teacher['folder']}` ({teacher['layers']} layers, gate {teacher['gate']}), frozen.",
+            f"- Teacher: `{teacher['folder']}` ({teacher['layers']} layers, gate "
+            f"{gate_label(teacher['gate'])}), frozen.",
             f"- Student: `{student['source']}` with {student['layers']} layers ({student['parameters']:,} "
             f"parameters); student layer i <- teacher layer `layer_map[i]` = {comparison['layer_map']}.",
             f"- Loss: task + alpha_kd * T^2 * KL (T = {config['temperature']:g}, summary tokens) + "

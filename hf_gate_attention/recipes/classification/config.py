@@ -3,12 +3,10 @@ with the summarization recipe's machinery (`from_mapping`, `load_config`, `RunSp
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...core.config import GateConfig
-from ..summarization.config import RunSpec, check_shared_keys, from_mapping
+from ..summarization.config import RecipeConfigBase, RunSpec, TrainingKeys, check_shared_keys
 
 
 def _default_runs() -> list[RunSpec]:
@@ -16,7 +14,7 @@ def _default_runs() -> list[RunSpec]:
 
 
 @dataclass
-class ClassificationConfig:
+class ClassificationConfig(TrainingKeys, RecipeConfigBase):
     """Configuration of a classification comparison: the same data, seed and budget for every run.
 
     The modality follows the data: a dataset with a text column fine-tunes an
@@ -77,26 +75,10 @@ class ClassificationConfig:
     max_test_examples: int | None = None
     max_length: int = 128
     image_size: int | None = None
-    # training
-    learning_rate: float = 5e-5
-    gate_learning_rate: float | None = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: float = 0.1
-    lr_scheduler_type: str = "linear"
-    num_train_epochs: float = 1.0
-    max_steps: int = -1
+    # training: `TrainingKeys`, with these defaults of this recipe
     per_device_train_batch_size: int = 16
     per_device_eval_batch_size: int = 32
-    gradient_accumulation_steps: int = 1
-    bf16: bool = False
-    fp16: bool = False
-    gradient_checkpointing: bool = False
-    seed: int = 0
     logging_steps: int = 10
-    eval_steps: int | None = None
-    save_steps: int = 50
-    save_total_limit: int | None = 1
-    ddp_backend: str | None = None
     # evaluation
     n_bootstrap: int = 1000
     confidence: float = 0.95
@@ -117,24 +99,3 @@ class ClassificationConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
-
-    @property
-    def baseline(self) -> RunSpec | None:
-        return next((r for r in self.runs if r.is_baseline), None)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
-
-    def to_dict(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["runs"] = [r.to_dict() for r in self.runs]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> ClassificationConfig:
-        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
-        return from_mapping(cls, data, source)
-
-    def replace(self, **changes) -> ClassificationConfig:
-        return ClassificationConfig.from_dict({**self.to_dict(), **changes})

@@ -3,12 +3,10 @@ the summarization recipe's machinery (`from_mapping`, `load_config`, `check_shar
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..summarization.config import RUN_NAME, check_shared_keys, from_mapping
+from ..summarization.config import RUN_NAME, RecipeConfigBase, TrainingKeys, check_shared_keys
 from ..summarization.data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
 
 TEACHER_ROW = "teacher"  # the teacher's row of the tables; no run may take this name
@@ -66,7 +64,7 @@ def _default_runs() -> list[DistillRunSpec]:
 
 
 @dataclass
-class DistillationConfig:
+class DistillationConfig(TrainingKeys, RecipeConfigBase):
     """Configuration of a distillation comparison: every student gets the same data, seed and budget.
 
     Loss of a run: `task + alpha_kd * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + alpha_gate *
@@ -124,26 +122,6 @@ class DistillationConfig:
     truncation: str = "head"
     max_summary_tokens: int = 256
     instruction: str = DEFAULT_INSTRUCTION
-    # training
-    learning_rate: float = 5e-5
-    gate_learning_rate: float | None = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: float = 0.1
-    lr_scheduler_type: str = "linear"
-    num_train_epochs: float = 1.0
-    max_steps: int = -1
-    per_device_train_batch_size: int = 1
-    per_device_eval_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    bf16: bool = False
-    fp16: bool = False
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    logging_steps: int = 1
-    eval_steps: int | None = None
-    save_steps: int = 50
-    save_total_limit: int | None = 1
-    ddp_backend: str | None = None
     # evaluation
     max_new_tokens: int = 128
     generation_batch_size: int = 4
@@ -185,25 +163,3 @@ class DistillationConfig:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= {minimum}")
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers={self.student_num_layers} must be >= 1")
-
-    @property
-    def baseline(self) -> DistillRunSpec | None:
-        """The student trained alone (`None` when no run has both weights at 0)."""
-        return next((r for r in self.runs if r.is_baseline), None)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
-
-    def to_dict(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["runs"] = [r.to_dict() for r in self.runs]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> DistillationConfig:
-        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
-        return from_mapping(cls, data, source)
-
-    def replace(self, **changes) -> DistillationConfig:
-        return DistillationConfig.from_dict({**self.to_dict(), **changes})

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...core.config import GateConfig
-from ..summarization.config import RunSpec, check_shared_keys, from_mapping
+from ..summarization.config import RecipeConfigBase, RunSpec, check_shared_keys
 
 # keys that say where the study lives or how this invocation behaves; never part of its identity
 INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend", "corpus_archives", "cache_dir")
@@ -38,7 +36,7 @@ class Job:
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(RecipeConfigBase):
     """Configuration of the pretraining study: every job sees the same data in the same order and budget.
 
     Study:
@@ -137,14 +135,6 @@ class StudyConfig:
                 f"divide by num_kv_heads={self.num_kv_heads}"
             )
 
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
-
-    @property
-    def baseline(self) -> RunSpec | None:
-        return next((r for r in self.runs if r.is_baseline), None)
-
     def jobs(self) -> list[Job]:
         """Every training, most important first: all runs at the main rate and first seed, the main runs'
         other seeds, then the learning-rate sweep (so that an interrupted study has its main result)."""
@@ -155,15 +145,6 @@ class StudyConfig:
         jobs += [Job(run, rate, first) for rate in self.sweep_learning_rates for run in self.runs]
         return jobs
 
-    def to_dict(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["runs"] = [r.to_dict() for r in self.runs]
-        return data
-
     def identity(self) -> dict:
         """What must not change for `--resume` to continue a study folder."""
         return {k: v for k, v in self.to_dict().items() if k not in INVOCATION_KEYS}
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> StudyConfig:
-        return from_mapping(cls, data, source)

@@ -85,8 +85,64 @@ def _default_runs() -> list[RunSpec]:
     return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
 
 
+class RecipeConfigBase:
+    """What the config dataclass of every recipe has beside its keys: the results folder
+    `<output_dir>/<name>/`, the ungated (or reference) run, and the dict form that `config.json` saves."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    @property
+    def baseline(self):
+        """The run the others are compared with (`is_baseline`), or `None`."""
+        return next((r for r in self.runs if r.is_baseline), None)
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["runs"] = [r.to_dict() for r in self.runs]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config"):
+        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
+        return from_mapping(cls, data, source)
+
+    def replace(self, **changes):
+        """A copy with some keys changed (checked like a new config)."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
 @dataclass
-class RecipeConfig:
+class TrainingKeys:
+    """The training keys every fine-tuning recipe's config has (as in `transformers.TrainingArguments`;
+    `warmup_steps` < 1 is a ratio of the total steps; `gate_learning_rate` is the gates' own rate, `None`:
+    `learning_rate`); a recipe redeclares a field to change its default. Read by
+    `train.training_arguments`."""
+
+    learning_rate: float = 5e-5
+    gate_learning_rate: float | None = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: float = 0.1
+    lr_scheduler_type: str = "linear"
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 1
+    per_device_eval_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    logging_steps: int = 1
+    eval_steps: int | None = None
+    save_steps: int = 50
+    save_total_limit: int | None = 1
+    ddp_backend: str | None = None
+
+
+@dataclass
+class RecipeConfig(TrainingKeys, RecipeConfigBase):
     """Configuration of a summarization comparison: the same data, seed and budget for every run.
 
     Run:
@@ -155,27 +211,8 @@ class RecipeConfig:
     truncation: str = "head"
     max_summary_tokens: int = 256
     instruction: str = DEFAULT_INSTRUCTION
-    # training
+    # training (and `TrainingKeys`)
     train: str = "full"
-    learning_rate: float = 5e-5
-    gate_learning_rate: float | None = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: float = 0.1
-    lr_scheduler_type: str = "linear"
-    num_train_epochs: float = 1.0
-    max_steps: int = -1
-    per_device_train_batch_size: int = 1
-    per_device_eval_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    bf16: bool = False
-    fp16: bool = False
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    logging_steps: int = 1
-    eval_steps: int | None = None
-    save_steps: int = 50
-    save_total_limit: int | None = 1
-    ddp_backend: str | None = None
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -209,27 +246,6 @@ class RecipeConfig:
         for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
             if getattr(self, key) < minimum:
                 raise ValueError(f"{key}={getattr(self, key)} must be >= {minimum}")
-
-    @property
-    def baseline(self) -> RunSpec | None:
-        return next((r for r in self.runs if r.is_baseline), None)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
-
-    def to_dict(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["runs"] = [r.to_dict() for r in self.runs]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> RecipeConfig:
-        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
-        return from_mapping(cls, data, source)
-
-    def replace(self, **changes) -> RecipeConfig:
-        return RecipeConfig.from_dict({**self.to_dict(), **changes})
 
 
 def from_mapping(config_class, data: dict, source: str = "config"):

@@ -427,6 +427,14 @@ def test_a_comparisons_models_are_diagnosed_and_missing_ones_named(recipe_result
     assert (tmp_path / "out" / "DIAGNOSTICS.md").read_text() == text
     assert (tmp_path / "out" / "layers.png").is_file()
 
+    # weights gone since: the earlier diagnosis in the same folder is shown, and said to be earlier
+    shutil.rmtree(results / "qk-elementwise" / "model")
+    again = diagnose_comparison(results, tmp_path / "out", max_inputs=2, max_length=24)
+    row = next(line for line in again.splitlines() if line.startswith("| qk-elementwise | qk/"))
+    assert "diagnosed by an earlier run of this command" in row
+    assert "qk-elementwise" not in again.split("Not diagnosed")[1] and "output-headwise-b" in again
+    assert json.loads((tmp_path / "out" / "qk-elementwise" / "diagnostics.json").read_text()) == saved
+
 
 def test_where_the_largest_weight_sits_is_counted_per_query():
     from hf_gate_attention.diagnostics.measure import _Recorder
@@ -455,7 +463,11 @@ def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_
     for name in ("baseline", "qk-elementwise"):
         shutil.rmtree(results / name / "model")
     scratch = tmp_path / "scratch"
-    differences = recreate_weights(results, scratch)
+    with pytest.raises(ValueError, match=r"runs \['nope'\] are not in"):
+        recreate_weights(results, scratch, only=["nope"])
+    assert set(recreate_weights(results, scratch, only=["baseline"])) == {"baseline"}
+    assert not (results / "qk-elementwise" / "model").exists()
+    differences = recreate_weights(results, scratch) | {"baseline": 0.0}
     assert set(differences) == {"baseline", "qk-elementwise"} and max(differences.values()) <= 1e-4
     for name in differences:  # the same training: the same weights
         recreated = load_file(results / name / "model" / "model.safetensors")

@@ -55,8 +55,11 @@ def missing_weights(results: Path, saved: dict) -> list[str]:
     ]
 
 
-def recreate_weights(results: str | Path, scratch: str | Path) -> dict[str, float]:
-    """Retrain the runs of `results` whose final weights are missing and move the weights into place.
+def recreate_weights(
+    results: str | Path, scratch: str | Path, only: list[str] | None = None
+) -> dict[str, float]:
+    """Retrain the runs of `results` whose final weights are missing (of `only`, when given) and move the
+    weights into place.
 
     Each run trains with the saved config into `<scratch>/<results name>/` (resumable: checkpoints there; a
     run trained there already is kept). Its per-step training losses must equal the saved
@@ -68,6 +71,12 @@ def recreate_weights(results: str | Path, scratch: str | Path) -> dict[str, floa
     if saved is None:
         raise FileNotFoundError(f"{results} holds no {CONFIG_FILE}: not a results folder of the recipe")
     names = missing_weights(results, saved)
+    unknown = sorted(set(only or ()) - {run["name"] for run in saved["runs"]})
+    if unknown:
+        raise ValueError(
+            f"runs {unknown} are not in {results} ({', '.join(r['name'] for r in saved['runs'])})"
+        )
+    names = [name for name in names if only is None or name in only]
     if not names:
         return {}
     keys = {**saved, "output_dir": str(scratch), "name": results.name, "resume": True, "overwrite": False}
@@ -126,13 +135,24 @@ def diagnose_comparison(
         diagnoses[label] = diagnose(model, inputs, progress=True)
         write_diagnosis(diagnoses[label], out / label, title=label)
         del model
+    # runs without weights here whose diagnosis on as many inputs an earlier run of this command left in `out`
+    earlier = {name: read_json(out / name / "diagnostics.json") for name in missing}
+    earlier = {k: v for k, v in earlier.items() if v is not None and v["inputs"]["count"] == len(inputs)}
+    order = [PRETRAINED, *(run["name"] for run in saved["runs"])]
+    diagnoses = {label: (diagnoses | earlier)[label] for label in order if label in diagnoses | earlier}
     plot_layers(diagnoses, out / "layers.png")
     gates = {run["name"]: gate_label(run["gate"]) for run in saved["runs"]}
     rows = [
-        f"| {label} | {gates.get(label, 'none (not fine-tuned)')} | "
-        + (f"[heatmaps]({label}/heatmaps.png), [layers]({label}/layers.png) |")
+        f"| {label} | {gates.get(label, 'none (not fine-tuned)')}"
+        + (
+            " (diagnosed by an earlier run of this command; its weights are not here)"
+            if label in earlier
+            else ""
+        )
+        + f" | [heatmaps]({label}/heatmaps.png), [layers]({label}/layers.png) |"
         for label in diagnoses
     ]
+    missing = [name for name in missing if name not in earlier]
     text = "\n".join(
         [
             f"# Diagnostics of `{results}`",
@@ -175,15 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument(
         "--recreate-missing",
-        action="store_true",
-        help="retrain the runs whose final weights are missing first (same config; checked against the saved "
-        "loss curves; resumable)",
+        nargs="*",
+        metavar="RUN",
+        help="retrain the runs whose final weights are missing first (only the named RUNs, if any; same "
+        "config; checked against the saved loss curves; resumable)",
     )
     parser.add_argument("--scratch", default="logs/recreate", help="where --recreate-missing trains")
     args = parser.parse_args(argv)
     try:
-        if args.recreate_missing:
-            for name, difference in recreate_weights(args.results, args.scratch).items():
+        if args.recreate_missing is not None:
+            only = args.recreate_missing or None
+            for name, difference in recreate_weights(args.results, args.scratch, only).items():
                 print(
                     f"{name}: weights recreated (largest relative training-loss difference {difference:.2g})"
                 )

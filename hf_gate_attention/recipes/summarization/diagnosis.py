@@ -3,15 +3,13 @@ in the results folder, on the same test documents, with the paper appendix's pre
 
     python -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
 
-Final weights are not kept in git. `--recreate-missing` first retrains the runs whose weights are missing with
-the folder's saved config (same data, seed and budget) in a scratch folder, checks that each training loss
-curve equals the saved one (then the weights are the run's), and moves the weights into `<run>/model`.
+Final weights are not kept in git. `--recreate-missing` first retrains the runs whose weights are missing
+(`recreate.recreate_weights`: the saved config, checked against the saved loss curves).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,11 +21,10 @@ from ...files import atomic_write_text, read_json
 from ...formatting import gate_label
 from ...offline import resolve_model
 from ...sharing.loading import load_model
-from .compare import load_data, train_all
-from .config import RecipeConfig
 from .data import load_summarization_dataset
-from .files import CONFIG_FILE, check_run_dir, claim_run_dir
-from .train import TRAIN_SUMMARY_FILE, load_tokenizer
+from .files import CONFIG_FILE
+from .recreate import missing_weights, recreate_weights
+from .train import load_tokenizer
 
 PRETRAINED = "pretrained"
 APPENDIX = (
@@ -35,79 +32,6 @@ APPENDIX = (
     "the attention sink and massive activations already present nor changes the final performance much; "
     "they form during pretraining."
 )
-
-
-# the largest relative difference of a step's training loss between a recreated run and the saved one that
-# still counts as the same training (CPU kernels may reorder sums between machines)
-LOSS_RTOL = 1e-4
-
-
-def _losses(summary: dict) -> list[float]:
-    return [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
-
-
-def missing_weights(results: Path, saved: dict) -> list[str]:
-    """The runs of a results folder (its saved config `saved`) without final weights in `<run>/model`."""
-    return [
-        run["name"]
-        for run in saved["runs"]
-        if not (results / run["name"] / "model" / "config.json").is_file()
-    ]
-
-
-def recreate_weights(
-    results: str | Path, scratch: str | Path, only: list[str] | None = None
-) -> dict[str, float]:
-    """Retrain the runs of `results` whose final weights are missing (of `only`, when given) and move the
-    weights into place.
-
-    Each run trains with the saved config into `<scratch>/<results name>/` (resumable: checkpoints there; a
-    run trained there already is kept). Its per-step training losses must equal the saved
-    `train_summary.json`'s within `LOSS_RTOL`, else `ValueError` and nothing is moved. Returns run -> the
-    largest relative loss difference found.
-    """
-    results, scratch = Path(results), Path(scratch)
-    saved = read_json(results / CONFIG_FILE)
-    if saved is None:
-        raise FileNotFoundError(f"{results} holds no {CONFIG_FILE}: not a results folder of the recipe")
-    names = missing_weights(results, saved)
-    unknown = sorted(set(only or ()) - {run["name"] for run in saved["runs"]})
-    if unknown:
-        raise ValueError(
-            f"runs {unknown} are not in {results} ({', '.join(r['name'] for r in saved['runs'])})"
-        )
-    names = [name for name in names if only is None or name in only]
-    if not names:
-        return {}
-    keys = {**saved, "output_dir": str(scratch), "name": results.name, "resume": True, "overwrite": False}
-    config = RecipeConfig.from_dict(keys)  # every run: the scratch folder has the results folder's identity
-    check_run_dir(config)
-    claim_run_dir(config)
-    for name in names:  # a run finished here whose weights were moved out before trains again, from scratch
-        run_dir = config.run_dir / name
-        if (run_dir / TRAIN_SUMMARY_FILE).is_file() and not (run_dir / "model").is_dir():
-            shutil.rmtree(run_dir)
-    model_path = resolve_model(config.model)
-    missing = config.replace(runs=[run for run in config.runs if run.name in names])
-    train_all(missing, model_path, load_tokenizer(model_path), load_data(config), callbacks=None)
-    differences = {}
-    for name in names:
-        expected = _losses(read_json(results / name / TRAIN_SUMMARY_FILE))
-        found = _losses(read_json(config.run_dir / name / TRAIN_SUMMARY_FILE))
-        if len(found) != len(expected):
-            raise ValueError(
-                f"run {name}: recreated {len(found)} logged losses, the saved run {len(expected)}"
-            )
-        differences[name] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(found, expected, strict=True))
-    wrong = {name: diff for name, diff in differences.items() if diff > LOSS_RTOL}
-    if wrong:
-        raise ValueError(
-            f"recreated runs trained differently from the saved ones (largest relative loss difference "
-            f"{wrong}, allowed {LOSS_RTOL}): their weights would not be the runs' weights; nothing moved"
-        )
-    for name in names:
-        (config.run_dir / name / "model").rename(results / name / "model")
-    return differences
 
 
 def diagnose_comparison(

@@ -9,11 +9,11 @@ from typing import Any
 from ..summarization.config import (
     RUN_NAME,
     RecipeConfigBase,
+    SummaryKeys,
     TrainingKeys,
     check_shared_keys,
     check_summary_keys,
 )
-from ..summarization.data import DEFAULT_INSTRUCTION
 
 TEACHER_ROW = "teacher"  # the teacher's row of the tables; no run may take this name
 DEFAULT_TEACHER = "results/reproduce/output-headwise/model"
@@ -70,7 +70,7 @@ def _default_runs() -> list[DistillRunSpec]:
 
 
 @dataclass
-class DistillationConfig(TrainingKeys, RecipeConfigBase):
+class DistillationConfig(SummaryKeys, TrainingKeys, RecipeConfigBase):
     """Configuration of a distillation comparison: every student gets the same data, seed and budget.
 
     Loss of a run: `task + alpha_kd * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + alpha_gate *
@@ -117,25 +117,7 @@ class DistillationConfig(TrainingKeys, RecipeConfigBase):
     layer_map: list[int] | None = None
     temperature: float = 2.0
     attn_implementation: str = "sdpa"
-    # data
-    dataset: str = "aclsum"
-    document_column: str | None = None
-    summary_column: str | None = None
-    max_train_examples: int | None = None
-    max_validation_examples: int | None = None
-    max_test_examples: int | None = None
-    doc_token_budget: int = 512
-    truncation: str = "head"
-    max_summary_tokens: int = 256
-    instruction: str = DEFAULT_INSTRUCTION
-    # evaluation
-    max_new_tokens: int = 128
-    generation_batch_size: int = 4
-    n_bootstrap: int = 1000
-    confidence: float = 0.95
-    speed_examples: int = 4
-    speed_rounds: int = 3
-    speed_new_tokens: int = 64
+    # data and evaluation: `SummaryKeys`; training: `TrainingKeys`
 
     def __post_init__(self):
         self.runs = [r if isinstance(r, DistillRunSpec) else DistillRunSpec.from_dict(r) for r in self.runs]

@@ -142,7 +142,33 @@ class TrainingKeys:
 
 
 @dataclass
-class RecipeConfig(TrainingKeys, RecipeConfigBase):
+class SummaryKeys:
+    """The data and evaluation keys every summary-generating recipe's config has (documented in
+    `RecipeConfig`), checked by `check_summary_keys`."""
+
+    # data
+    dataset: str = "aclsum"
+    document_column: str | None = None
+    summary_column: str | None = None
+    max_train_examples: int | None = None
+    max_validation_examples: int | None = None
+    max_test_examples: int | None = None
+    doc_token_budget: int = 512
+    truncation: str = "head"
+    max_summary_tokens: int = 256
+    instruction: str = DEFAULT_INSTRUCTION
+    # evaluation
+    max_new_tokens: int = 128
+    generation_batch_size: int = 4
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    speed_examples: int = 4
+    speed_rounds: int = 3
+    speed_new_tokens: int = 64
+
+
+@dataclass
+class RecipeConfig(SummaryKeys, TrainingKeys, RecipeConfigBase):
     """Configuration of a summarization comparison: the same data, seed and budget for every run.
 
     Run:
@@ -200,31 +226,13 @@ class RecipeConfig(TrainingKeys, RecipeConfigBase):
     # model
     model: str = "SmolLM2-135M-Instruct"
     attn_implementation: str = "sdpa"
-    # data
-    dataset: str = "aclsum"
-    document_column: str | None = None
-    summary_column: str | None = None
-    max_train_examples: int | None = None
-    max_validation_examples: int | None = None
-    max_test_examples: int | None = None
-    doc_token_budget: int = 512
-    truncation: str = "head"
-    max_summary_tokens: int = 256
-    instruction: str = DEFAULT_INSTRUCTION
+    # data and evaluation: `SummaryKeys`
     # training (and `TrainingKeys`)
     train: str = "full"
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    # evaluation
-    max_new_tokens: int = 128
-    generation_batch_size: int = 4
-    n_bootstrap: int = 1000
-    confidence: float = 0.95
-    speed_examples: int = 4
-    speed_rounds: int = 3
-    speed_new_tokens: int = 64
 
     def __post_init__(self):
         self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]

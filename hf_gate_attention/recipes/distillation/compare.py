@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from functools import partial
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM, TrainerCallback
@@ -27,7 +28,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from ...core.patching import gate_config_of
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.compare import evaluate_all, load_data, measure_speed
+from ..summarization.compare import evaluate_all, load_data, measure_speed, train_all
 from ..summarization.evaluation import inference_device, inference_dtype
 from ..summarization.files import check_run_dir, claim_run_dir
 from ..summarization.plots import plot_loss_curves, plot_rouge, plot_speed
@@ -35,9 +36,7 @@ from ..summarization.report import csv_table, markdown_table, rouge_deltas, spee
 from ..summarization.train import (
     TRAIN_SUMMARY_FILE,
     count_parameters,
-    is_trained,
     load_tokenizer,
-    training_features,
 )
 from .config import TEACHER_ROW, DistillationConfig
 from .models import build_student, gated_pairs, load_teacher, student_source
@@ -46,21 +45,6 @@ from .train import train_student
 logger = logging.getLogger(__name__)
 
 EXTRA_COLUMNS = ("alpha_kd", "alpha_gate", "layers")
-
-
-def train_all(config: DistillationConfig, teacher, tokenizer, data, callbacks) -> None:
-    """Train every student not yet trained with the current budget."""
-    train_set = training_features(data["train"], tokenizer, config)
-    validation_set = (
-        training_features(data["validation"], tokenizer, config) if "validation" in data else None
-    )
-    for run in config.runs:
-        if config.resume and is_trained(config, run):
-            logger.warning("Run %s: already trained, kept", run.name)
-            continue
-        (config.run_dir / run.name / "quality.json").unlink(missing_ok=True)  # stale once retrained
-        train_student(config, run, teacher, tokenizer, train_set, validation_set, callbacks)
-        gc.collect()
 
 
 def load_for_evaluation(config: DistillationConfig, name: str):
@@ -175,7 +159,12 @@ def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback
     tokenizer = load_tokenizer(student_source(config))
     data = load_data(config)
     claim_run_dir(config)  # after the input was read: bad input leaves no folder behind
-    train_all(config, teacher, tokenizer, data, callbacks)
+    train_all(
+        config,
+        tokenizer,
+        data,
+        partial(train_student, config, teacher=teacher, tokenizer=tokenizer, callbacks=callbacks),
+    )
     del teacher
     gc.collect()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,10 @@ def load_data(config: RecipeConfig) -> datasets.DatasetDict:
     return data
 
 
-def train_all(config: RecipeConfig, model_path: str, tokenizer, data, callbacks) -> None:
-    """Train every run not yet trained with the current budget (all processes)."""
+def train_all(config, tokenizer, data, train_one: Callable) -> None:
+    """Train every run of `config` not yet trained with the current budget (all processes): `train_one(run=,
+    train_set=, validation_set=)` trains one run on the tokenized splits (`validation_set` may be `None`);
+    the summarization recipe's is `train_run`, the distillation recipe's `train_student`."""
     state = distributed_state()
     train_set = training_features(data["train"], tokenizer, config)
     validation_set = (
@@ -80,8 +83,9 @@ def train_all(config: RecipeConfig, model_path: str, tokenizer, data, callbacks)
             continue
         if state.is_main_process:
             (config.run_dir / run.name / QUALITY_FILE).unlink(missing_ok=True)  # stale once retrained
-        train_run(config, run, model_path, tokenizer, train_set, validation_set, callbacks)
+        train_one(run=run, train_set=train_set, validation_set=validation_set)
         state.wait_for_everyone()
+        gc.collect()
 
 
 def _release_memory() -> None:
@@ -191,7 +195,12 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
     model_path = resolve_model(config.model)
     tokenizer = load_tokenizer(model_path)
     data = load_data(config)
-    train_all(config, model_path, tokenizer, data, callbacks)
+    train_all(
+        config,
+        tokenizer,
+        data,
+        partial(train_run, config, model_path=model_path, tokenizer=tokenizer, callbacks=callbacks),
+    )
     if state.use_distributed:
         state.destroy_process_group()
         if not state.is_main_process:

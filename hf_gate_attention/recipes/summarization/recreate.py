@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 
 from ...files import read_json
@@ -18,7 +19,7 @@ from ...offline import resolve_model
 from .compare import load_data, train_all
 from .config import RecipeConfig
 from .files import CONFIG_FILE, check_run_dir, claim_run_dir
-from .train import TRAIN_SUMMARY_FILE, load_tokenizer
+from .train import TRAIN_SUMMARY_FILE, load_tokenizer, train_run
 
 # the largest relative difference of a step's training loss between a recreated run and the saved one that
 # still counts as the same training (CPU kernels may reorder sums between machines)
@@ -72,7 +73,13 @@ def recreate_weights(
             shutil.rmtree(run_dir)
     model_path = resolve_model(config.model)
     missing = config.replace(runs=[run for run in config.runs if run.name in names])
-    train_all(missing, model_path, load_tokenizer(model_path), load_data(config), callbacks=None)
+    tokenizer = load_tokenizer(model_path)
+    train_all(
+        missing,
+        tokenizer,
+        load_data(config),
+        partial(train_run, missing, model_path=model_path, tokenizer=tokenizer),
+    )
     differences = {}
     for name in names:
         expected = _losses(read_json(results / name / TRAIN_SUMMARY_FILE))

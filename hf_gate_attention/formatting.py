@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 ROUGE_LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
 
 
@@ -32,3 +35,41 @@ def gate_label(gate: dict | None, baseline: str = "none (baseline)") -> str:
     if gate.get("top_k"):
         label += f" top-{gate['top_k']}" + (" kv groups" if gate.get("top_k_unit") == "kv_group" else "")
     return label
+
+
+def comparison_csv(
+    rows: list[dict],
+    scores: str,
+    metrics: tuple[str, ...],
+    delta_columns: dict[str, str],
+    speed_columns: tuple[str, ...],
+    ratio_columns: tuple[str, ...],
+    extra_columns: tuple[str, ...] = (),
+) -> str:
+    """One CSV row per run of a comparison, every number in its own column: `run`, `gate`, the row keys
+    `extra_columns`, `trainable_params`, `global_step`, `<metric>_mean/low/high` from `row[scores]`,
+    `delta_<metric>_<suffix>` from `row["deltas"][metric][delta_columns[suffix]]`, `row["speed"]`'s
+    `speed_columns` and `<name>_ratio` from `row["speed_ratios"]` (the reference row: no deltas, ratios)."""
+    records = []
+    for row in rows:
+        record = {
+            "run": row["run"],
+            "gate": gate_label(row["gate"]),
+            **{key: row.get(key) for key in extra_columns},
+            "trainable_params": row["trainable_params"],
+            "global_step": row["global_step"],
+        }
+        for metric in metrics:
+            record |= {f"{metric}_{k}": row[scores][metric][k] for k in ("mean", "low", "high")}
+        for metric in metrics:
+            delta = (row.get("deltas") or {}).get(metric, {})
+            record |= {f"delta_{metric}_{suffix}": delta.get(key) for suffix, key in delta_columns.items()}
+        record |= {key: row["speed"][key] for key in speed_columns}
+        ratios = row.get("speed_ratios") or {}
+        record |= {f"{name}_ratio": ratios.get(name) for name in ratio_columns}
+        records.append(record)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()

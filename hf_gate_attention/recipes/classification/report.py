@@ -3,10 +3,7 @@ and CSV tables."""
 
 from __future__ import annotations
 
-import csv
-import io
-
-from ...formatting import gate_label, signed, table
+from ...formatting import comparison_csv, gate_label, signed, table
 from .metrics import METRIC_LABELS, METRICS
 
 
@@ -66,25 +63,6 @@ def markdown_table(rows: list[dict], confidence: float) -> str:
 
 def csv_table(rows: list[dict]) -> str:
     """One CSV row per run with every number of the comparison in its own column (fractions, not %)."""
-    records = []
-    for row in rows:
-        record = {
-            "run": row["run"],
-            "gate": gate_label(row["gate"]),
-            "trainable_params": row["trainable_params"],
-            "global_step": row["global_step"],
-        }
-        for m in METRICS:
-            record |= {f"{m}_{k}": row["quality"][m][k] for k in ("mean", "low", "high")}
-        for m in METRICS:
-            delta = (row.get("deltas") or {}).get(m, {})
-            record |= {f"delta_{m}_{k}": delta.get(k) for k in ("delta", "low", "high", "p_value")}
-        record |= {k: row["speed"][k] for k in ("examples_per_s", "seconds_per_batch", "peak_memory_mb")}
-        ratios = row.get("speed_ratios") or {}
-        record |= {f"{k}_ratio": ratios.get(k) for k in ("throughput", "peak_memory")}
-        records.append(record)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(records)
-    return out.getvalue()
+    deltas = {key: key for key in ("delta", "low", "high", "p_value")}
+    speed = ("examples_per_s", "seconds_per_batch", "peak_memory_mb")
+    return comparison_csv(rows, "quality", METRICS, deltas, speed, ("throughput", "peak_memory"))

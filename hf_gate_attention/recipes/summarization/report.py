@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 
-from ...formatting import gate_label, score_with_ci, signed, table
+from ...formatting import comparison_csv, gate_label, score_with_ci, signed, table
 from .rouge import ROUGE_TYPES, paired_bootstrap_delta
 
 # short column labels of the report's wide tables
@@ -110,32 +108,6 @@ def markdown_table(
 def csv_table(rows: list[dict], extra_columns: tuple[str, ...] = ()) -> str:
     """One CSV row per run with every number of the comparison in its own column (`extra_columns`: row keys
     added after the gate)."""
-    records = []
-    for row in rows:
-        record = {
-            "run": row["run"],
-            "gate": gate_label(row["gate"]),
-            **{key: row.get(key) for key in extra_columns},
-            "trainable_params": row["trainable_params"],
-            "global_step": row["global_step"],
-        }
-        for t in ROUGE_TYPES:
-            record |= {f"{t}_{k}": row["rouge"][t][k] for k in ("mean", "low", "high")}
-        for t in ROUGE_TYPES:
-            delta = (row.get("deltas") or {}).get(t, {})
-            record |= {
-                f"delta_{t}_points": delta.get("delta"),
-                f"delta_{t}_low": delta.get("low"),
-                f"delta_{t}_high": delta.get("high"),
-                f"delta_{t}_percent": delta.get("percent"),
-                f"delta_{t}_p_value": delta.get("p_value"),
-            }
-        record |= {key: row["speed"][key] for key in (*SPEED_KEYS, "peak_memory_mb")}
-        ratios = row.get("speed_ratios") or {}
-        record |= {f"{k}_ratio": ratios.get(k) for k in RATIO_KEYS}
-        records.append(record)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(records)
-    return out.getvalue()
+    deltas = {"points": "delta", "low": "low", "high": "high", "percent": "percent", "p_value": "p_value"}
+    speed = (*SPEED_KEYS, "peak_memory_mb")
+    return comparison_csv(rows, "rouge", ROUGE_TYPES, deltas, speed, RATIO_KEYS, extra_columns)

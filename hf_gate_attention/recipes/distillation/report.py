@@ -11,13 +11,12 @@ alone), and does gate matching add to it (a run with `alpha_gate > 0` vs the run
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from ...files import atomic_write_text, read_json
+from ...files import read_json
 from ...formatting import gate_label
-from ..summarization.report import rouge_deltas
+from ..summarization.report import report_main, rouge_deltas
 from .compare import comparison_tables
 
 RULE = (
@@ -115,18 +114,9 @@ def distillation_report(results: str | Path, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write DISTILLATION.md from a distillation results folder.")
-    parser.add_argument("results", help="results folder of the distillation recipe, e.g. results/distill")
-    parser.add_argument("--out", default="results/DISTILLATION.md", help="Markdown file to write")
-    args = parser.parse_args(argv)
-    command = f"python -m hf_gate_attention.recipes.distillation.report {args.results} --out {args.out}"
-    try:
-        atomic_write_text(Path(args.out), distillation_report(args.results, command))
-    except (OSError, ValueError, KeyError) as error:
-        print(f"distillation report: error: {error}", file=sys.stderr)
-        return 2
-    print(f"Wrote {args.out}")
-    return 0
+    return report_main(
+        argv, "hf_gate_attention.recipes.distillation.report", distillation_report, "results/DISTILLATION.md"
+    )
 
 
 if __name__ == "__main__":

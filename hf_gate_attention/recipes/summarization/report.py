@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
+from ...files import atomic_write_text
 from ...formatting import comparison_csv, gate_label, score_with_ci, signed, table
 from .rouge import ROUGE_TYPES, paired_bootstrap_delta
 
@@ -111,3 +116,26 @@ def csv_table(rows: list[dict], extra_columns: tuple[str, ...] = ()) -> str:
     deltas = {"points": "delta", "low": "low", "high": "high", "percent": "percent", "p_value": "p_value"}
     speed = (*SPEED_KEYS, "peak_memory_mb")
     return comparison_csv(rows, "rouge", ROUGE_TYPES, deltas, speed, RATIO_KEYS, extra_columns)
+
+
+def report_main(
+    argv: list[str] | None, module: str, build: Callable[[str, str], str], default_out: str
+) -> int:
+    """The command line of a report module: `python -m <module> RESULTS [--out FILE]` writes
+    `build(RESULTS, command)` to FILE (atomically; `command` is the line that wrote it, for the report to
+    name); 2 with a one-line error when the results folder is missing or incomplete."""
+    name = Path(default_out).name
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}", description=f"Write {name} from a results folder."
+    )
+    parser.add_argument("results", help="results folder of the comparison")
+    parser.add_argument("--out", default=default_out, help="Markdown file to write")
+    args = parser.parse_args(argv)
+    command = f"python -m {module} {args.results} --out {args.out}"
+    try:
+        atomic_write_text(Path(args.out), build(args.results, command))
+    except (OSError, ValueError, KeyError) as error:
+        print(f"{module}: error: {error}", file=sys.stderr)
+        return 2
+    print(f"Wrote {args.out}")
+    return 0

@@ -5,13 +5,12 @@ python -m hf_gate_attention.recipes.summarization.reproduction results/reproduce
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
-from ...files import atomic_write_text, read_json
-from .report import markdown_table
+from ...files import read_json
+from .report import markdown_table, report_main
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
@@ -152,20 +151,12 @@ def reproduction_report(results: str | Path, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write REPRODUCTION.md from a comparison's results folder.")
-    parser.add_argument("results", help="results folder of the comparison, e.g. results/reproduce")
-    parser.add_argument("--out", default="results/REPRODUCTION.md", help="Markdown file to write")
-    args = parser.parse_args(argv)
-    command = (
-        f"python -m hf_gate_attention.recipes.summarization.reproduction {args.results} --out {args.out}"
+    return report_main(
+        argv,
+        "hf_gate_attention.recipes.summarization.reproduction",
+        reproduction_report,
+        "results/REPRODUCTION.md",
     )
-    try:
-        atomic_write_text(Path(args.out), reproduction_report(args.results, command))
-    except (OSError, ValueError, KeyError) as error:
-        print(f"reproduction: error: {error}", file=sys.stderr)
-        return 2
-    print(f"Wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

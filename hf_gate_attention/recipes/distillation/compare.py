@@ -39,7 +39,7 @@ from ..summarization.train import (
     load_tokenizer,
 )
 from .config import TEACHER_ROW, DistillationConfig
-from .models import build_student, gated_pairs, load_teacher, student_source
+from .models import build_student, gated_pairs, load_teacher, student_name, student_source
 from .train import train_student
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback
             "gate": gate_config_of(teacher).to_dict(),
         },
         "student": {
-            "source": student_source(config),
+            "source": student_name(config),
             "layers": student.config.num_hidden_layers,
             "parameters": count_parameters(student)["total"],
         },

@@ -35,8 +35,9 @@ def default_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
 
 
 def teacher_base_model(teacher: str) -> str:
-    """The pretrained model the teacher was fine-tuned from: `model` in `<results>/config.json` of the
-    summarization results folder holding the teacher (`<results>/<run>/model`), resolved to a local path."""
+    """The pretrained model the teacher was fine-tuned from, as its config names it (Hub id, offline name or
+    folder): `model` in `<results>/config.json` of the summarization results folder holding the teacher
+    (`<results>/<run>/model`)."""
     config_file = Path(teacher).parent.parent / CONFIG_FILE
     saved = read_json(config_file)
     if saved is None or "model" not in saved:
@@ -44,7 +45,7 @@ def teacher_base_model(teacher: str) -> str:
             f"teacher {teacher} is not inside a summarization results folder (<results>/<run>/model with "
             f"<results>/{CONFIG_FILE}; looked for {config_file}): set `student` to the smaller model to train"
         )
-    return resolve_model(saved["model"])
+    return saved["model"]
 
 
 def load_teacher(config: DistillationConfig) -> nn.Module:
@@ -134,9 +135,15 @@ def gated_pairs(layer_map: list[int], teacher: nn.Module, student: nn.Module) ->
     return [(s, t) for s, t in enumerate(layer_map) if s in student_gates and t in teacher_gates]
 
 
+def student_name(config: DistillationConfig) -> str:
+    """The student's model as named in the configs (what the results record): `student`, or the teacher's
+    pretrained base."""
+    return teacher_base_model(config.teacher) if config.student is None else config.student
+
+
 def student_source(config: DistillationConfig) -> str:
-    """Where the student's weights and tokenizer come from: `student`, or the teacher's pretrained base."""
-    return teacher_base_model(config.teacher) if config.student is None else resolve_model(config.student)
+    """The local folder of the student's weights and tokenizer (`student_name`, resolved)."""
+    return resolve_model(student_name(config))
 
 
 def student_layer_map(config: DistillationConfig, teacher: nn.Module) -> list[int]:

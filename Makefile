@@ -58,9 +58,9 @@ classify-image: install
 
 # Distillation of the reproduction's headwise-gated SmolLM2 (the teacher) into a 15-layer student: trained
 # alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then
-# results/DISTILLATION.md with the verdicts; estimated ~1 h 10 min on 2 CPU cores, not yet run. The teacher's
-# weights are not in git: the first line retrains them when missing (~25 min, checked against the saved loss
-# curve). Rerunning continues where it stopped.
+# results/DISTILLATION.md with the verdicts; 27 min on the idle 2-core CPU. The teacher's weights are not in
+# git: the first line retrains them when missing (18 min, checked against the saved loss curve). Rerunning
+# continues where it stopped.
 distill: install
 	$(PY) -m hf_gate_attention.recipes.summarization.recreate results/reproduce output-headwise
 	$(PY) -m recipes.distillation --config recipes/distillation/configs/distill.yaml --resume

@@ -1,0 +1,34 @@
+"""The committed Markdown reports are what their commands write from the committed results folders (a change
+of a report writer, or of a results folder, that the committed report does not follow fails here)."""
+
+from pathlib import Path
+
+import pytest
+
+from hf_gate_attention.recipes.distillation.report import distillation_report
+from hf_gate_attention.recipes.summarization.reproduction import reproduction_report
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.parametrize(
+    "module, build, results, report",
+    [
+        (
+            "hf_gate_attention.recipes.summarization.reproduction",
+            reproduction_report,
+            "results/reproduce",
+            "results/REPRODUCTION.md",
+        ),
+        (
+            "hf_gate_attention.recipes.distillation.report",
+            distillation_report,
+            "results/distill",
+            "results/DISTILLATION.md",
+        ),
+    ],
+)
+def test_committed_report_is_what_its_command_writes(module, build, results, report, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    command = f"python -m {module} {results} --out {report}"
+    assert build(results, command) == (ROOT / report).read_text(encoding="utf-8")

@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,7 @@ from hf_gate_attention.recipes.distillation.report import main as report_main
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 
 OUTPUT = {"variant": "output", "granularity": "headwise"}
+REPO = Path(__file__).resolve().parents[1]
 DISTILL_RUNS = [
     {"name": "student-alone", "alpha_kd": 0, "alpha_gate": 0},
     {"name": "logit-kd", "alpha_kd": 1, "alpha_gate": 0},
@@ -172,6 +176,47 @@ def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
     resumed = json.loads((out / "logit-gate-kd" / "train_summary.json").read_text())
     assert resumed["resumed_from"] == "checkpoint-2" and resumed["global_step"] == 3
     assert loss_steps(out / "logit-gate-kd") == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------------- distributed launch
+
+
+def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_assets, teacher, tmp_path):
+    """`torchrun --nproc_per_node 2` x batch 1 trains on the same two papers as one process x batch 2: the
+    first step's loss and gradient norm of the student alone and with logit KD agree (the KD term is scaled
+    across processes like the task loss); gate matching trains too; only the main process evaluates and
+    prints."""
+    # the tiny student starts close to the teacher (KL ~6e-5): a large alpha_kd makes the KD term a tenth
+    # of the loss, so that a KD term not scaled across processes would show
+    runs = [DISTILL_RUNS[0], {"name": "logit-kd", "alpha_kd": 1e4, "alpha_gate": 0}, DISTILL_RUNS[2]]
+    keys = {"runs": runs, "max_train_examples": 2, "max_steps": 1, "speed_examples": 1}
+    one = distill_keys(tiny_assets, teacher, tmp_path / "one", per_device_train_batch_size=2, **keys)
+    assert _run(tmp_path, one) == 0
+    two = distill_keys(tiny_assets, teacher, tmp_path / "two", per_device_train_batch_size=1, **keys)
+    config_file = write_config(tmp_path / "ddp.yaml", two | {"ddp_backend": "gloo"})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += ["-m", "recipes.distillation", "--config", str(config_file)]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("Delta vs student-alone") == 1
+
+    for run in runs:
+        summaries = [
+            json.loads((tmp_path / f / "distill" / run["name"] / "train_summary.json").read_text())
+            for f in ("one", "two")
+        ]
+        assert [s["world_size"] for s in summaries] == [1, 2]
+        assert [s["effective_batch_size"] for s in summaries] == [2, 2]
+        first = [next(h for h in s["log_history"] if "loss" in h) for s in summaries]
+        assert "gate_loss" in first[1] if run["alpha_gate"] else "gate_loss" not in first[1]
+        if run["alpha_gate"]:  # a per-process mean over its tokens, averaged over the processes: not equal
+            continue
+        assert first[1]["loss"] == pytest.approx(first[0]["loss"], rel=1e-4), run["name"]
+        assert first[1]["grad_norm"] == pytest.approx(first[0]["grad_norm"], rel=1e-4), run["name"]
+        if run["alpha_kd"]:
+            assert first[0]["loss"] > 1.1 * first[0]["task_loss"]  # the KD term weighs in the comparison
+    assert (tmp_path / "two" / "distill" / "comparison.md").is_file()
 
 
 # ------------------------------------------------------------------------------------------- bad input

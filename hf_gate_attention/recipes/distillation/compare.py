@@ -13,7 +13,8 @@ Layout of `<output_dir>/<name>/` (the summarization recipe's, plus the teacher's
     <run>/quality.json, predictions.jsonl, metrics.json
     teacher/quality.json, predictions.jsonl, metrics.json   the teacher's ROUGE and speed (not trained here)
 
-Single process: distributed launches are not supported by this recipe.
+Distributed launches (`torchrun`, `accelerate launch`) train every student with DDP (each process holds the
+teacher); the main process then evaluates and times alone, as in the summarization recipe.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from ...core.patching import gate_config_of
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.compare import evaluate_all, load_data, measure_speed, train_all
+from ..summarization.compare import (
+    claim_on_main,
+    evaluate_all,
+    leave_after_training,
+    load_data,
+    measure_speed,
+    train_all,
+)
 from ..summarization.evaluation import inference_device, inference_dtype
-from ..summarization.files import check_run_dir, claim_run_dir
+from ..summarization.files import check_run_dir
 from ..summarization.plots import plot_loss_curves, plot_rouge, plot_speed
 from ..summarization.report import csv_table, markdown_table, rouge_deltas, speed_ratios
 from ..summarization.train import (
@@ -127,8 +135,11 @@ def write_results(config: DistillationConfig, rows: list[dict], trainings: dict,
     plot_speed({row["run"]: row["speed"] for row in rows}, out / "speed.png")
 
 
-def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback] | None = None) -> Path:
-    """Train, evaluate and compare every student of `config` and the teacher; returns the results folder.
+def run_distillation(
+    config: DistillationConfig, callbacks: list[TrainerCallback] | None = None
+) -> Path | None:
+    """Train, evaluate and compare every student of `config` and the teacher; returns the results folder
+    (`None` on the non-main processes of a distributed launch, which stop after training).
 
     The teacher, the student and their layer map are checked before anything is written: a missing or
     ungated teacher folder, a layer the teacher lacks or a head count that differs is a `ValueError` /
@@ -158,7 +169,7 @@ def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback
     del student
     tokenizer = load_tokenizer(student_source(config))
     data = load_data(config)
-    claim_run_dir(config)  # after the input was read: bad input leaves no folder behind
+    claim_on_main(config)  # after the input was read: bad input leaves no folder behind
     train_all(
         config,
         tokenizer,
@@ -167,6 +178,8 @@ def run_distillation(config: DistillationConfig, callbacks: list[TrainerCallback
     )
     del teacher
     gc.collect()
+    if not leave_after_training():
+        return None
 
     names = [run.name for run in config.runs] + [TEACHER_ROW]
     trainings = {run.name: read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE) for run in config.runs}

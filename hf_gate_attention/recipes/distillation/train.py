@@ -19,8 +19,9 @@ class DistillationTrainer(GateLearningRateTrainer):
 
     The task loss is the student's own cross-entropy on the summary tokens (what the summarization recipe
     trains). The teacher runs on the same batch without gradient. The KD sum is divided like the task loss:
-    by the summary tokens of the whole accumulated batch when the Trainer gives that count, else by those of
-    the micro-batch; the gate MSE (a per-micro-batch mean) is then divided by the accumulation steps. The
+    by the summary tokens of the whole accumulated batch (of every process of a distributed launch) when the
+    Trainer gives that count, else by those of the micro-batch; the gate MSE (a per-micro-batch mean) is then
+    divided by the accumulation steps (and averaged over the processes by DDP). The
     validation loss is the task loss alone, comparable across runs. Each logged step also records the mean
     `task_loss`, `kd_loss`, `gate_loss` of the micro-batches since the previous log (unweighted).
 
@@ -42,19 +43,24 @@ class DistillationTrainer(GateLearningRateTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         student_layers = [s for s, _ in self.pairs] if self.run.alpha_gate else []
         teacher_layers = [t for _, t in self.pairs] if self.run.alpha_gate else []
-        with recorded_gates(model, student_layers) as student_gates:
+        # hooks on the student's own modules (inside a DDP wrapper) see the wrapper's forward
+        with recorded_gates(self.accelerator.unwrap_model(model), student_layers) as student_gates:
             task, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
         with torch.no_grad(), recorded_gates(self.teacher, teacher_layers) as teacher_gates:
             teacher_logits = self.teacher(
                 input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]
             ).logits  # (batch, seq, vocab)
-        # the Trainer's rule: a loss divided by `num_items_in_batch` is not divided by the accumulation steps
+        # the Trainer's rules: a loss divided by `num_items_in_batch` is not divided by the accumulation
+        # steps; that count is of every process, and the Trainer multiplies the task loss by their number
+        # (DDP averages the gradients): the KD term, divided by the same count, is multiplied too
         scaled_for_accumulation = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        across_processes = scaled_for_accumulation and self.args.average_tokens_across_devices
+        processes = self.accelerator.num_processes if across_processes else 1
         loss, parts = task, {"task_loss": task.detach()}
         if self.run.alpha_kd:
             positions = summary_positions(inputs["labels"])  # (batch, seq)
             tokens = num_items_in_batch if scaled_for_accumulation else positions.sum().clamp(min=1)
-            kd = kd_loss_sum(outputs.logits, teacher_logits, positions, self.temperature) / tokens
+            kd = kd_loss_sum(outputs.logits, teacher_logits, positions, self.temperature) * processes / tokens
             loss, parts["kd_loss"] = loss + self.run.alpha_kd * kd, kd.detach()
         if self.run.alpha_gate:
             missing = [s for s in student_layers if s not in student_gates]

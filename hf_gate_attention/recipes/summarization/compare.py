@@ -88,6 +88,25 @@ def train_all(config, tokenizer, data, train_one: Callable) -> None:
         gc.collect()
 
 
+def claim_on_main(config) -> None:
+    """`claim_run_dir` by the main process of a distributed launch (or the single process), the others
+    waiting until it is done."""
+    state = distributed_state()
+    state.wait_for_everyone()
+    if state.is_main_process:
+        claim_run_dir(config)
+    state.wait_for_everyone()
+
+
+def leave_after_training() -> bool:
+    """Ends the process group of a distributed launch once every run is trained; `True` on the process
+    that goes on to evaluate (the main one, or the single process)."""
+    state = distributed_state()
+    if state.use_distributed:
+        state.destroy_process_group()
+    return state.is_main_process
+
+
 def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -185,12 +204,8 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
         config: the comparison (see [`RecipeConfig`]).
         callbacks: extra `TrainerCallback`s for every training (e.g. to stop early).
     """
-    state = distributed_state()
     check_run_dir(config)
-    state.wait_for_everyone()
-    if state.is_main_process:
-        claim_run_dir(config)
-    state.wait_for_everyone()
+    claim_on_main(config)
 
     model_path = resolve_model(config.model)
     tokenizer = load_tokenizer(model_path)
@@ -201,10 +216,8 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
         data,
         partial(train_run, config, model_path=model_path, tokenizer=tokenizer, callbacks=callbacks),
     )
-    if state.use_distributed:
-        state.destroy_process_group()
-        if not state.is_main_process:
-            return None
+    if not leave_after_training():
+        return None
 
     trainings = {run.name: read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE) for run in config.runs}
     runs = {run.name: run for run in config.runs}

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from hf_gate_attention.recipes.summarization.rouge import bootstrap_ci
 
 TOPICS = {"sport": ["w0", "w1", "w2", "w3"], "tech": ["w4", "w5", "w6", "w7"], "arts": ["w8", "w9", "w10"]}
 WORDS = [w for words in TOPICS.values() for w in words]
+REPO = Path(__file__).resolve().parents[1]
 RUNS = [
     {"name": "baseline", "gate": None},
     {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}},
@@ -187,6 +191,24 @@ def test_image_end_to_end(assets, tmp_path):
     assert comparison["data"]["split_sizes"] == {"train": 8, "validation": 2, "test": 6}
     saved = json.loads((out / "baseline" / "model" / "config.json").read_text())
     assert saved["architectures"] == ["ViTForImageClassification"]
+
+
+def test_two_process_ddp_run(assets, tmp_path):
+    """`torchrun --nproc_per_node 2`: every run trains with DDP (global batch 2 x 2), the main process alone
+    evaluates and prints the table."""
+    keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
+    keys |= {"label_column": "topic", "per_device_train_batch_size": 2, "ddp_backend": "gloo"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += ["-m", "recipes.classification", "--config", str(write_config(tmp_path / "c.yaml", keys))]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("Delta vs baseline") == 1
+    comparison = _check_results(tmp_path / "tiny", test_examples=6)
+    for run in RUNS:
+        summary = json.loads((tmp_path / "tiny" / run["name"] / "train_summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["effective_batch_size"] == 4
+    assert comparison["data"]["modality"] == "text"
 
 
 def _train_steps(run_dir: Path) -> list[int]:

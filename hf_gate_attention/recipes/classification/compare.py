@@ -23,9 +23,10 @@ from transformers import TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
-from ..summarization.files import check_run_dir, claim_run_dir
+from ..summarization.compare import claim_on_main, leave_after_training
+from ..summarization.files import check_run_dir
 from ..summarization.plots import plot_loss_curves, plot_scores, plot_speed
-from ..summarization.train import TRAIN_SUMMARY_FILE, is_trained, train_model
+from ..summarization.train import TRAIN_SUMMARY_FILE, distributed_state, is_trained, train_model
 from .config import ClassificationConfig
 from .data import ClassificationData, load_classification_dataset
 from .evaluation import confusion_matrix, deltas, interleaved_throughput, predict, quality, speed_ratios
@@ -167,20 +168,26 @@ def write_results(
     )
 
 
-def run_classification(config: ClassificationConfig, callbacks: list[TrainerCallback] | None = None) -> Path:
-    """Train, evaluate and compare every run of `config`; returns the results folder.
+def run_classification(
+    config: ClassificationConfig, callbacks: list[TrainerCallback] | None = None
+) -> Path | None:
+    """Train, evaluate and compare every run of `config`; returns the results folder (`None` on the non-main
+    processes of a distributed launch: every process trains with DDP, the main one alone evaluates).
 
     Args:
         config: the comparison (see [`ClassificationConfig`]).
         callbacks: extra `TrainerCallback`s for every training (e.g. to stop early).
     """
     check_run_dir(config)
-    model_path = resolve_model(config.model)
-    data = load_data(config)
+    with distributed_state().main_process_first():  # what is fetched or unpacked, once
+        model_path = resolve_model(config.model)
+        data = load_data(config)
     check_modality(model_path, data.modality, config.dataset)
-    claim_run_dir(config)  # after the input was read: bad input leaves no folder behind
+    claim_on_main(config)  # after the input was read: bad input leaves no folder behind
     processor = load_processor(config, model_path, data.modality)
     train_all(config, model_path, processor, data, callbacks)
+    if not leave_after_training():
+        return None
     trainings = {run.name: read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE) for run in config.runs}
     predictions = predict_all(config, processor, data)
     speed = measure_speed(config, processor, data)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -171,3 +174,24 @@ def write_config(path: Path, keys: dict) -> Path:
 def loss_steps(run_dir: Path) -> list[int]:
     history = json.loads((run_dir / "train_summary.json").read_text())["log_history"]
     return [entry["step"] for entry in history if "loss" in entry]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def torchrun(*args: str, timeout: int = 600) -> str:
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS` from the repository root on CPU
+    (one thread per process, offline, this checkout's package first), as a user launches it; asserts that it
+    succeeded (showing the end of its output otherwise) and returns its stdout."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    env = os.environ | {
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (
+        f"torchrun {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )
+    return done.stdout

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import random
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import transformers
-from helpers import tiny_model, write_config
+from helpers import tiny_model, torchrun, write_config
 from PIL import Image
 from test_recipe import StopAtStep
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -35,7 +32,6 @@ from hf_gate_attention.recipes.summarization.rouge import bootstrap_ci
 
 TOPICS = {"sport": ["w0", "w1", "w2", "w3"], "tech": ["w4", "w5", "w6", "w7"], "arts": ["w8", "w9", "w10"]}
 WORDS = [w for words in TOPICS.values() for w in words]
-REPO = Path(__file__).resolve().parents[1]
 RUNS = [
     {"name": "baseline", "gate": None},
     {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}},
@@ -198,12 +194,10 @@ def test_two_process_ddp_run(assets, tmp_path):
     evaluates and prints the table."""
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
     keys |= {"label_column": "topic", "per_device_train_batch_size": 2, "ddp_backend": "gloo"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += ["-m", "recipes.classification", "--config", str(write_config(tmp_path / "c.yaml", keys))]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("Delta vs baseline") == 1
+    stdout = torchrun(
+        "-m", "recipes.classification", "--config", str(write_config(tmp_path / "c.yaml", keys))
+    )
+    assert stdout.count("Delta vs baseline") == 1
     comparison = _check_results(tmp_path / "tiny", test_examples=6)
     for run in RUNS:
         summary = json.loads((tmp_path / "tiny" / run["name"] / "train_summary.json").read_text())

@@ -6,14 +6,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import loss_steps, tiny_config, tiny_model, write_config
+from helpers import loss_steps, tiny_config, tiny_model, torchrun, write_config
 from test_recipe import StopAtStep
 
 from hf_gate_attention import patch
@@ -32,7 +29,6 @@ from hf_gate_attention.recipes.distillation.report import main as report_main
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 
 OUTPUT = {"variant": "output", "granularity": "headwise"}
-REPO = Path(__file__).resolve().parents[1]
 DISTILL_RUNS = [
     {"name": "student-alone", "alpha_kd": 0, "alpha_gate": 0},
     {"name": "logit-kd", "alpha_kd": 1, "alpha_gate": 0},
@@ -194,12 +190,10 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_asset
     assert _run(tmp_path, one) == 0
     two = distill_keys(tiny_assets, teacher, tmp_path / "two", per_device_train_batch_size=1, **keys)
     config_file = write_config(tmp_path / "ddp.yaml", two | {"ddp_backend": "gloo"})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += ["-m", "recipes.distillation", "--config", str(config_file)]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("Delta vs student-alone") == 1
+    assert (
+        torchrun("-m", "recipes.distillation", "--config", str(config_file)).count("Delta vs student-alone")
+        == 1
+    )
 
     for run in runs:
         summaries = [

@@ -30,21 +30,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import tiny_model
+from helpers import REPO, tiny_model, torchrun
 from safetensors import safe_open
 from torch.distributed.tensor import Shard
 
 from hf_gate_attention import from_pretrained, gate_parameters, patch
 
-REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 WORLD_SIZE = 2
 GATE = {"variant": "output", "granularity": "headwise", "init": "paper"}  # as in the worker
@@ -66,17 +62,7 @@ def fsdp_run(tmp_path_factory) -> dict:
     tiny_model("llama", num_hidden_layers=NUM_LAYERS).save_pretrained(root / "base")
     out = root / "out"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += [str(WORKER), str(root / "base"), str(out)]
-    env = os.environ | {
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        # the worker is a script in tests/: put this checkout's package first (not an installed copy)
-        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"the FSDP2 workers failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    torchrun(str(WORKER), str(root / "base"), str(out), timeout=300)
     reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
     return {"base": root / "base", "out": out, "reports": reports}
 

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-from helpers import RUNS, loss_steps, make_dataset, make_tiny_model, tiny_config, write_config
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import RUNS, loss_steps, make_dataset, make_tiny_model, tiny_config, torchrun, write_config
 
 
 def test_two_process_ddp_run(tmp_path):
     assets = {"model": make_tiny_model(tmp_path / "model"), "data": make_dataset(tmp_path / "data")}
     keys = tiny_config(assets, tmp_path / "results", runs=RUNS[:2], eval_steps=None, ddp_backend="gloo")
     config_file = write_config(tmp_path / "ddp.yaml", keys)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    command += ["-m", "recipes.summarization", "--config", str(config_file)]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert (
-        done.stdout.count("Delta vs baseline") == 1
-    )  # the table is written and printed by the main process only
+    stdout = torchrun("-m", "recipes.summarization", "--config", str(config_file))
+    assert stdout.count("Delta vs baseline") == 1  # the table is written and printed by the main process only
 
     out = tmp_path / "results" / "tiny"
     for run in RUNS[:2]:

@@ -20,7 +20,6 @@ teacher); the main process then evaluates and times alone, as in the summarizati
 from __future__ import annotations
 
 import gc
-import logging
 from functools import partial
 from pathlib import Path
 
@@ -49,8 +48,6 @@ from ..summarization.train import (
 from .config import TEACHER_ROW, DistillationConfig
 from .models import build_student, gated_pairs, load_teacher, student_name, student_source
 from .train import train_student
-
-logger = logging.getLogger(__name__)
 
 EXTRA_COLUMNS = ("alpha_kd", "alpha_gate", "layers")
 

@@ -78,11 +78,11 @@ def distillation_report(results: str | Path, command: str) -> str:
         lines_verdicts.append(f"- {question} **{answer}**.")
     teacher, student = comparison["teacher"], comparison["student"]
     teacher_row = next(row for row in rows if row["run"] == TEACHER_ROW)
-    round_ranges = [
-        f"{row['run']} x{min(speedups):.2f} to x{max(speedups):.2f}"
-        for row in rows
-        if row is not teacher_row and (speedups := round_speedups(row, teacher_row))
-    ]
+    round_ranges = []
+    for row in rows:
+        if row is not teacher_row:
+            speedups = round_speedups(row, teacher_row)
+            round_ranges.append(f"{row['run']} x{min(speedups):.2f} to x{max(speedups):.2f}")
     return "\n".join(
         [
             "# Distillation of gating into a smaller model",

@@ -11,12 +11,13 @@ The package, by room (imports flow down this list only):
 - `diagnostics`: attention sinks, massive activations and gate statistics (`diagnose`), their plots, and
   a Trainer callback.
 - `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
-- `kernels`: fused Triton kernels beside their PyTorch references, custom ops, dispatch.
+- `kernels`: fused Triton kernels beside their PyTorch references, custom ops, the Triton backends.
 - `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
 - `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`: shared helpers (atomic
   files and JSON, tables, the article's claims, peak memory, offline model copies and their names, PNGs).
 
-`import hf_gate_attention` loads only `core`; the sharing names below are imported on first use.
+`import hf_gate_attention` loads only `core` and the kernels' backend registrations (Triton itself is
+imported on first use); the sharing names below are imported on first use.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .core.patching import (
     patch,
     unpatch,
 )
+from .kernels import backends as _kernel_backends  # noqa: F401 (registers "fused_gate" and "triton")
 
 __version__ = "0.1.0"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from .core.backends import backend_names
 from .core.config import GateConfig
 from .core.hooks import GATE_MODULE_NAME
-from .core.patching import BACKENDS
 
 PROG = "hf-gate-attention"
 # Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
@@ -46,7 +46,7 @@ def _add_gate_options(parser: argparse.ArgumentParser) -> None:
 def _add_backend_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
+        choices=backend_names(),
         default="auto",
         help="what runs the gates: torch (reference), triton (fused kernels, CUDA), auto (default: triton on "
         "a CUDA GPU when supported, else torch)",

@@ -25,6 +25,9 @@ from hf_gate_attention import patch
 # model type per family layout -> config overrides that give 17 image tokens (across one block of 16)
 FAMILY_MODEL_TYPES = {"llama": {}, "phi3": {}, "bert": {}, "vit": {"image_size": 20, "patch_size": 5}}
 RTOL, ATOL_OF_MAX = 1e-4, 1e-6
+# the Triton backends: our fused attention, and the vendor attention with the merged query/gate GEMM and the
+# fused gate pass
+FAST_BACKENDS = ("triton", "fused_gate")
 
 
 def _loss_weights(output: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
@@ -93,29 +96,31 @@ GRADIENT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize(("model_type", "bare", "length", "padding"), GRADIENT_CASES)
-def test_every_gradient_matches_torch_and_the_unpatched_model(model_type, bare, length, padding):
+def test_every_gradient_matches_torch_and_the_unpatched_model(model_type, bare, length, padding, backend):
     inputs = _inputs(model_type, length, padding)
     gate = {"variant": "output", "granularity": "headwise", "init": "identity"}
     out, unpatched = gradients(model_type, bare, inputs, None)
     torch_out, torch_grads = gradients(model_type, bare, inputs, "torch", **gate)
-    fused_out, fused_grads = gradients(model_type, bare, inputs, "triton", **gate)
+    fused_out, fused_grads = gradients(model_type, bare, inputs, backend, **gate)
     torch.testing.assert_close(fused_out, torch_out, rtol=RTOL, atol=1e-5)
     torch.testing.assert_close(fused_out, out, rtol=RTOL, atol=1e-5)
     assert fused_grads.keys() == torch_grads.keys() and len(fused_grads) > len(unpatched)
-    assert_same_gradients(fused_grads, torch_grads, "triton vs torch")
-    assert_same_gradients(fused_grads, unpatched, "triton vs unpatched")  # identity init: same function
+    assert_same_gradients(fused_grads, torch_grads, f"{backend} vs torch")
+    assert_same_gradients(fused_grads, unpatched, f"{backend} vs unpatched")  # identity init: same function
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("model_type", list(FAMILY_MODEL_TYPES))
 @pytest.mark.parametrize(("variant", "granularity"), [("qk", "elementwise"), ("value", "headwise")])
-def test_every_gradient_matches_torch_for_the_other_gates(model_type, variant, granularity):
+def test_every_gradient_matches_torch_for_the_other_gates(model_type, variant, granularity, backend):
     inputs = _inputs(model_type, 17, "right")
     gate = {"variant": variant, "granularity": granularity, "init": "paper"}
     torch_out, torch_grads = gradients(model_type, False, inputs, "torch", **gate)
-    fused_out, fused_grads = gradients(model_type, False, inputs, "triton", **gate)
+    fused_out, fused_grads = gradients(model_type, False, inputs, backend, **gate)
     torch.testing.assert_close(fused_out, torch_out, rtol=RTOL, atol=1e-5)
-    assert_same_gradients(fused_grads, torch_grads, "triton vs torch")
+    assert_same_gradients(fused_grads, torch_grads, f"{backend} vs torch")
 
 
 # the tiny configs of mistral, gemma2 and gemma3_text set a sliding window, which the fused attention refuses
@@ -125,12 +130,25 @@ FUSED_MODEL_TYPES = [t for t in TINY_MODELS if t not in ("mistral", "gemma2", "g
 
 @pytest.mark.parametrize("model_type", FUSED_MODEL_TYPES)
 def test_every_model_type_with_its_head_matches_torch(model_type):
+    """On the fused attention; `fused_gate` runs every model type, sliding windows included (below)."""
     inputs = _inputs(model_type, 17, "right")
     gate = {"variant": "output", "granularity": "headwise", "init": "paper"}
     torch_out, torch_grads = gradients(model_type, False, inputs, "torch", **gate)
     fused_out, fused_grads = gradients(model_type, False, inputs, "triton", **gate)
     torch.testing.assert_close(fused_out, torch_out, rtol=RTOL, atol=1e-5)
     assert_same_gradients(fused_grads, torch_grads, "triton vs torch")
+
+
+@pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
+@pytest.mark.parametrize("model_type", [t for t in TINY_MODELS if t != "gemma2"])  # gemma2 refuses sdpa
+def test_fused_gate_serves_every_model_type_with_its_head(model_type, granularity):
+    """Sliding windows included: `fused_gate` keeps the model's own attention."""
+    inputs = _inputs(model_type, 17, "left" if model_type not in IMAGE_MODELS else "none")
+    gate = {"variant": "output", "granularity": granularity, "init": "paper"}
+    torch_out, torch_grads = gradients(model_type, False, inputs, "torch", **gate)
+    fused_out, fused_grads = gradients(model_type, False, inputs, "fused_gate", **gate)
+    torch.testing.assert_close(fused_out, torch_out, rtol=RTOL, atol=1e-5)
+    assert_same_gradients(fused_grads, torch_grads, "fused_gate vs torch")
 
 
 def loss_curve(model_type: str, backend: str, steps: int) -> list[float]:
@@ -152,10 +170,11 @@ def loss_curve(model_type: str, backend: str, steps: int) -> list[float]:
     return losses
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("model_type", list(FAMILY_MODEL_TYPES))
-def test_training_loss_curves_of_both_backends_agree(model_type):
+def test_training_loss_curves_of_both_backends_agree(model_type, backend):
     """Liger-Kernel's convergence test: the same steps on both backends give the same loss curve."""
     expected = loss_curve(model_type, "torch", steps=24)
-    losses = loss_curve(model_type, "triton", steps=24)
+    losses = loss_curve(model_type, backend, steps=24)
     assert expected[-1] < expected[0] - 0.1 * abs(expected[0]), f"the model did not train: {expected}"
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-3, atol=1e-4)

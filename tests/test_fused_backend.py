@@ -22,7 +22,7 @@ from hf_gate_attention import (
     patch,
     unpatch,
 )
-from hf_gate_attention.kernels.dispatch import ATTN_IMPLEMENTATION
+from hf_gate_attention.kernels.backends import ATTN_IMPLEMENTATION
 
 
 def _run(model_type, backend, variant, top_k, inputs):
@@ -100,7 +100,7 @@ def test_attention_dropout_is_refused_not_ignored():
 
 def test_invalid_backend_names_the_accepted_values():
     with pytest.raises(
-        ValueError, match=r"backend='cuda' is not valid; accepted values: auto, torch, triton"
+        ValueError, match=r"backend='cuda' is not valid; accepted values: auto, torch, fused_gate, triton"
     ):
         patch(tiny_model("llama"), backend="cuda")
 

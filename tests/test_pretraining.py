@@ -237,7 +237,8 @@ def test_bad_input_is_reported(tmp_path, capsys):
         StudyConfig.from_dict({**keys, "sweep_learning_rates": [0.003]})
     with pytest.raises(ValueError, match="unknown config key 'max_step'"):
         StudyConfig.from_dict({**keys, "max_step": 3})
-    with pytest.raises(ValueError, match="backend='cuda' is not valid; accepted: auto, torch, triton"):
+    accepted = "auto, torch, fused_gate, triton"
+    with pytest.raises(ValueError, match=f"backend='cuda' is not valid; accepted: {accepted}"):
         StudyConfig.from_dict({**keys, "backend": "cuda"})
     code = study_main(["--corpus", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "r")])
     assert code == 2 and "corpus folder" in capsys.readouterr().err

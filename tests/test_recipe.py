@@ -188,7 +188,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys, where):
         ({"runs": [{"name": "a", "gates": None}]}, "'gates'"),
         ({"runs": [{"name": "a"}, {"name": "b"}]}, "at most one"),
         ({"train": "everything"}, "train='everything'"),
-        ({"backend": "cuda"}, "backend='cuda' is not valid; accepted: auto, torch, triton"),
+        ({"backend": "cuda"}, "backend='cuda' is not valid; accepted: auto, torch, fused_gate, triton"),
         ({"max_steps": "many"}, "'max_steps'"),
     ],
 )

@@ -55,14 +55,14 @@ class _BlockPatch:
         family: AttentionFamily,
         config: GateConfig,
         geometry: dict,
-        fused=None,
+        gate_multiply=None,
         gate_in_attention: bool = False,
     ):
         self.block = block
         self.family = family
         self.variant = config.variant
         self.scale = config.gate_scale
-        self.fused = fused  # `kernels.dispatch` when the Triton backend serves this block, else None
+        self.gate_multiply = gate_multiply  # the backend's fused gate pass, or None (torch's `apply_gate`)
         self.gate_in_attention = gate_in_attention
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
@@ -154,7 +154,12 @@ class _BlockPatch:
         return dict(zip(("query", "key", "value"), split, strict=True))
 
     def _take_inputs(self) -> dict[str, torch.Tensor]:
-        """The stashed gate inputs of this forward: `x` (output gate) or `q` and `k` (qk gate)."""
+        """The stashed gate inputs of this forward: `x` (output gate) or `q` and `k` (qk gate); or the gate
+        `logits`, when the query projection computed them in its own GEMM (backend `fused_gate`)."""
+        logits = self.stash.pop("logits", None)
+        if logits is not None:
+            self.stash.pop("x", None)
+            return {"logits": logits}
         names = ("x",) if self.variant == "output" else ("q", "k")
         try:
             return {name: self.stash.pop(name) for name in names}
@@ -165,10 +170,13 @@ class _BlockPatch:
             ) from None
 
     def _apply(self, values: torch.Tensor, inputs: dict) -> torch.Tensor:
-        """Gate `values: (..., G*D)` with the gate computed from `inputs`, on this patch's backend."""
-        if self.fused is not None:
+        """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
+        patch's backend."""
+        if "logits" in inputs:  # merged query/gate projection: dense gate, fused pass
+            return self.gate_multiply(values, inputs["logits"], self.scale, None)
+        if self.gate_multiply is not None:
             logits, keep = self._gate()(**inputs, logits_only=True)
-            return self.fused.fused_gate_multiply(values, logits, self.scale, keep)
+            return self.gate_multiply(values, logits, self.scale, keep)
         return apply_gate(values, self._gate()(**inputs))
 
     def take_gate_logits(self):
@@ -242,13 +250,13 @@ def add_gates(
     config: GateConfig,
     family: AttentionFamily,
     layout: dict,
-    fused=None,
+    gate_multiply=None,
     gate_in_attention: bool = False,
 ) -> None:
     """Give every block of `layout` (from `attention_layout`) an `attn_gate` and its hooks; record `config`.
 
-    `fused` is `hf_gate_attention.kernels.dispatch` when the Triton backend serves this model, else `None`
-    (plain torch; hooks.py itself never imports the kernels, so that it can ship as remote code).
+    `gate_multiply` is the backend's fused gate pass (`GateBackend.gate_multiply`), or `None` for plain torch
+    (hooks.py itself imports no backend, so that it can ship as remote code).
     `gate_in_attention`: the model's attention function applies the gate (`take_gate*`), not the hooks.
     """
     base = unwrap_model(model)
@@ -263,6 +271,6 @@ def add_gates(
             device=query_weight.device,
         )
         block.add_module(GATE_MODULE_NAME, gate)
-        patches.append(_BlockPatch(block, family, config, geometry, fused, gate_in_attention))
+        patches.append(_BlockPatch(block, family, config, geometry, gate_multiply, gate_in_attention))
     setattr(base, PATCHES_ATTRIBUTE, patches)
     setattr(base.config, CONFIG_ATTRIBUTE, config.to_dict())

@@ -1,8 +1,8 @@
 """`patch` / `unpatch`: add gates to the self-attention blocks of one model instance, reversibly.
 
-The hooks themselves live in `hooks.py`; this module picks the family and the backend (what runs the gate:
-the torch path here, or the fused kernels of `hf_gate_attention.kernels`), and restores the model on
-`unpatch`. The backend is a property of this patched instance, never of the saved checkpoint.
+The hooks themselves live in `hooks.py`; this module picks the family and the backend (what runs the gate,
+`backends.py`: the torch path, or the Triton backends `hf_gate_attention.kernels` registers), and restores
+the model on `unpatch`. The backend is a property of this patched instance, never of the saved checkpoint.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from types import MethodType
 from torch import nn
 
 from . import sparse as sparse_module
+from .backends import backend_named, check_backend_name, resolve_backend
 from .config import GateConfig
 from .families import family_for
 from .gate import AttentionGate
@@ -24,9 +25,7 @@ from .hooks import (
     attention_layout,
     unwrap_model,
 )
-from .sparse import sparse_unavailable_reason
 
-BACKENDS = ("auto", "torch", "triton")
 _BACKEND_ATTRIBUTE = "_gate_attention_backend"
 _PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
 
@@ -64,19 +63,20 @@ def patch(
         model: a transformers model (bare, with a task head, or wrapped by PEFT) whose `config.model_type` is
             registered (see `supported_model_types`).
         config: the gate to add; defaults to `GateConfig()`. `overrides` (e.g. `variant="qk"`) replace fields.
-        backend (`str`, *optional*, defaults to `"auto"`): what runs the gates. `"torch"`: the readable
-            reference path. `"triton"`: our fused kernels (flash attention with the gate in its epilogue for
-            `output`/`qk`, a fused sigmoid-gate-multiply for `value`); needs Triton and CUDA (or
-            `TRITON_INTERPRET=1`). `"auto"`: `"triton"` when the model is on a CUDA device and the kernels
-            support it, else `"torch"`. Not saved with the model: choose it again when loading.
-        sparse (`bool`, *optional*): how the torch backend runs `top_k`. `None` (default): skip the work of
-            the dropped heads and key/value groups where it can (`core/sparse.py`: variants `output`/`qk`),
-            else compute every head and mask the dropped ones. `True`: skip, or raise `ValueError` saying why
-            it cannot. `False`: the masked reference. The Triton kernels always skip dropped tiles.
+        backend (`str`, *optional*, defaults to `"auto"`): what runs the gates (`core/backends.py`).
+            `"torch"`: the readable reference path. `"fused_gate"`: the model's own attention, the gate logits
+            from the query GEMM and one fused Triton gate pass. `"triton"`: our flash attention with the gate
+            in its epilogue (least memory; top-k skips tiles). Both Triton backends need CUDA (or
+            `TRITON_INTERPRET=1`). `"auto"`: on a CUDA device `"fused_gate"` for dense gates and `"triton"`
+            with `top_k`, when they can serve the model; else `"torch"`. Not saved with the model: choose it
+            again when loading.
+        sparse (`bool`, *optional*): how `top_k` runs. `None` (default): skip the work of the dropped heads
+            and key/value groups where the backend can (torch: `core/sparse.py`, variants `output`/`qk`;
+            triton: always), else compute every head and mask the dropped ones. `True`: skip, or raise
+            `ValueError` saying why it cannot. `False`: the masked reference (torch only).
         train_gates_only: freeze every parameter except the new gates.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid; accepted values: {', '.join(BACKENDS)}")
+    check_backend_name(backend)
     if sparse not in (None, True, False):
         raise ValueError(f"sparse={sparse!r} is not valid; accepted values: None, True, False")
     config = (config or GateConfig()).replace(**overrides) if overrides else (config or GateConfig())
@@ -85,24 +85,19 @@ def patch(
         raise ValueError("this model is already patched with gated attention; call unpatch(model) first")
     family = family_for(base.config.model_type)
     layout = attention_layout(base, config, family)
-    resolved, fused = "torch", None
-    if backend != "torch":
-        from ..kernels import dispatch
-
-        first_block, first_geometry = next(iter(layout.values()))
-        query_weight = first_block.get_submodule(family.query).weight
-        resolved = dispatch.resolve_backend(
-            backend, config, base.config, first_geometry["head_dim"], query_weight
-        )
-        fused = dispatch if resolved == "triton" else None
-    attention = _gated_attention_implementation(config, base.config, fused, sparse)
-    add_gates(base, config, family, layout, fused, gate_in_attention=attention is not None)
-    setattr(base, _BACKEND_ATTRIBUTE, resolved)
+    first_block, first_geometry = next(iter(layout.values()))
+    query_weight = first_block.get_submodule(family.query).weight
+    runner = resolve_backend(backend, config, base.config, first_geometry["head_dim"], query_weight)
+    attention = runner.attention(config, base.config, sparse) if runner.attention else None
+    add_gates(base, config, family, layout, runner.gate_multiply, gate_in_attention=attention is not None)
+    setattr(base, _BACKEND_ATTRIBUTE, runner.name)
     for name, method in _INSTANCE_METHODS.items():
         setattr(base, name, MethodType(method, base))
-    if attention is sparse_module:
-        for block_patch in getattr(base, PATCHES_ATTRIBUTE):
-            sparse_module.skip_decode_projections(block_patch)
+    for block_patch in getattr(base, PATCHES_ATTRIBUTE):
+        if runner.prepare_block is not None:
+            runner.prepare_block(block_patch, family)
+        if hasattr(attention, "prepare_block"):
+            attention.prepare_block(block_patch)
     if attention is not None:
         attention.register_attention_implementation()
         setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
@@ -112,28 +107,17 @@ def patch(
     return model
 
 
-def _gated_attention_implementation(config: GateConfig, model_config, fused, sparse: bool | None):
-    """The module (`kernels.dispatch` or `core.sparse`) whose attention function applies the gate, if any."""
-    if fused is not None:
-        if sparse is False and config.top_k is not None:
-            raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
-        return fused if config.variant != "value" else None
-    if sparse is False or (sparse is None and config.top_k is None):
-        return None
-    reason = sparse_unavailable_reason(config.variant, config.top_k, model_config)
-    if reason is not None and sparse:
-        raise ValueError(f"sparse=True cannot run: {reason}. Use sparse=None or False")
-    return sparse_module if reason is None else None
-
-
 def unpatch(model: nn.Module) -> nn.Module:
     """Remove every gate and hook added by `patch`: module structure, state_dict and outputs are restored."""
     base = unwrap_model(model)
     if not is_patched(base):
         raise ValueError("this model is not patched with gated attention")
+    runner = backend_named(getattr(base, _BACKEND_ATTRIBUTE))
     for block_patch in getattr(base, PATCHES_ATTRIBUTE):
         block_patch.remove()
-        sparse_module.restore_projections(block_patch.block)
+        sparse_module.release_block(block_patch.block)
+        if runner.release_block is not None:
+            runner.release_block(block_patch.block)
         delattr(block_patch.block, GATE_MODULE_NAME)
     delattr(base, PATCHES_ATTRIBUTE)
     delattr(base, _BACKEND_ATTRIBUTE)
@@ -163,7 +147,7 @@ def gate_config_of(model: nn.Module) -> GateConfig:
 
 
 def gate_backend_of(model: nn.Module) -> str:
-    """What runs the gates of a patched model: `"torch"` or `"triton"` (`"auto"` resolved)."""
+    """What runs the gates of a patched model: the name of its backend (`"auto"` resolved)."""
     return getattr(_require_patched(model), _BACKEND_ATTRIBUTE)
 
 

@@ -12,7 +12,7 @@ and key/value group, only for the query rows that keep at least one head of the 
   padding or sliding-window mask; gradients flow through the gather like through the masked reference.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
   heads (variant `output`, whose gate is computed from the projection's input first) and the output
-  projection only their columns (`skip_decode_projections`; plain `nn.Linear` projections only).
+  projection only their columns (`prepare_block`; plain `nn.Linear` projections only).
 
 Not skipped: the key/value projections (keys and values are written for every group), the query and output
 projections of batches and prompts (the kept heads change from token to token), and, with
@@ -33,7 +33,7 @@ ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
 SPARSE_VARIANTS = ("output", "qk")
 # attention options SDPA (and so this path) does not have
 UNSUPPORTED_OPTIONS = ("attn_logit_softcapping",)
-# marks the `forward` this module sets on a projection instance (`skip_decode_projections`)
+# marks the `forward` this module sets on a projection instance (`prepare_block`)
 _OURS = "_hf_gate_attention_decode_projection"
 
 
@@ -229,9 +229,9 @@ def _replaceable(module: nn.Module) -> bool:
     return type(module) is nn.Linear and "forward" not in module.__dict__
 
 
-def skip_decode_projections(block_patch) -> None:
+def prepare_block(block_patch) -> None:
     """Give the block's query (variant `output`, separate projection) and output projections the partial
-    single-token `forward`s above, on these instances only (`restore_projections` removes them)."""
+    single-token `forward`s above, on these instances only (`release_block` removes them)."""
     block, family = block_patch.block, block_patch.family
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
@@ -246,8 +246,8 @@ def skip_decode_projections(block_patch) -> None:
             module.forward = forward
 
 
-def restore_projections(block: nn.Module) -> None:
-    """Remove the `forward`s `skip_decode_projections` set in `block`."""
+def release_block(block: nn.Module) -> None:
+    """Remove the `forward`s `prepare_block` set in `block` (run by `unpatch`)."""
     for module in block.modules():
         if getattr(module.__dict__.get("forward"), _OURS, False):
             del module.forward

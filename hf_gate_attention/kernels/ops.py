@@ -263,6 +263,17 @@ def _(grad_out, values, gate_logits, keep, gate_scale):
     return values.new_empty(values.shape), gate_logits.new_empty(gate_logits.shape)
 
 
+def _gate_multiply_ops():
+    """`(forward, backward)` of the fused gate multiply: the custom ops when `torch.compile` traces, the
+    launchers themselves in eager mode (the same kernels, without the custom op's dispatch cost, which
+    matters at decode: one call per layer and token)."""
+    if torch.compiler.is_compiling():
+        return _sigmoid_gate_multiply_fwd, _sigmoid_gate_multiply_bwd
+    from .gate_multiply import gate_multiply_backward, gate_multiply_forward
+
+    return gate_multiply_forward, gate_multiply_backward
+
+
 class SigmoidGateMultiply(torch.autograd.Function):
     """Autograd of the fused gate multiply: saves the values and the logits (the sigmoid is recomputed)."""
 
@@ -270,12 +281,12 @@ class SigmoidGateMultiply(torch.autograd.Function):
     def forward(ctx, values, gate_logits, keep, gate_scale):
         ctx.save_for_backward(values, gate_logits, keep)
         ctx.gate_scale = gate_scale
-        return _sigmoid_gate_multiply_fwd(values, gate_logits, keep, gate_scale)
+        return _gate_multiply_ops()[0](values, gate_logits, keep, gate_scale)
 
     @staticmethod
     def backward(ctx, grad_out):
         values, gate_logits, keep = ctx.saved_tensors
-        grad_values, grad_logits = _sigmoid_gate_multiply_bwd(
+        grad_values, grad_logits = _gate_multiply_ops()[1](
             grad_out, values, gate_logits, keep, ctx.gate_scale
         )
         return grad_values, grad_logits, None, None
@@ -316,4 +327,5 @@ def sigmoid_gate_multiply(
     if keep is not None and keep.shape != values.shape[:-1]:
         raise ValueError(f"keep must have shape (*, G) = {tuple(values.shape[:-1])}; got {tuple(keep.shape)}")
     _check_dtype(values.dtype)
+    _require_triton(values.device)
     return SigmoidGateMultiply.apply(values, gate_logits, keep, float(gate_scale))

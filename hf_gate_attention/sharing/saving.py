@@ -133,6 +133,21 @@ def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
     return source
 
 
+def unshared_state_dict(state: dict) -> dict:
+    """`state` with a copy of each tensor that shares its buffer with another tensor of `state` at another
+    offset (the merged query/gate weights of backend `fused_gate`): transformers would take them for tied
+    weights and save only one. Real aliases (tied embeddings: one tensor under two names) stay as they are."""
+    starts_by_buffer: dict[int, set[int]] = {}
+    for tensor in state.values():
+        starts_by_buffer.setdefault(tensor.untyped_storage().data_ptr(), set()).add(tensor.data_ptr())
+    return {
+        key: tensor.detach().clone()
+        if len(starts_by_buffer[tensor.untyped_storage().data_ptr()]) > 1
+        else tensor
+        for key, tensor in state.items()
+    }
+
+
 def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
     """`model.save_pretrained` of a patched model: transformers' save plus the remote code and `auto_map`.
 
@@ -146,6 +161,8 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
             "only (no trust_remote_code code written)",
             type(base).__name__,
         )
+    if len(args) < 2:  # the state_dict is transformers' third positional argument
+        kwargs["state_dict"] = unshared_state_dict(kwargs.get("state_dict") or base.state_dict())
     previous = getattr(base.config, "auto_map", None)
     if classes:
         base.config.auto_map = {auto: f"{ENTRY_MODULE}.{name}" for auto, name in classes.items()}

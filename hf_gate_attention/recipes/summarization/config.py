@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from ...core.backends import backend_names
 from ...core.config import GateConfig
-from ...core.patching import BACKENDS
 from .data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
 
 TRAIN_MODES = ("full", "gates", "gates+lora")
@@ -77,8 +77,8 @@ def check_shared_keys(config) -> None:
         raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
     if sum(r.is_baseline for r in config.runs) > 1:
         raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
-    if config.backend not in BACKENDS:
-        raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(BACKENDS)}")
+    if config.backend not in backend_names():
+        raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(backend_names())}")
 
 
 def _default_runs() -> list[RunSpec]:

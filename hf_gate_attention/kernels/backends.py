@@ -1,0 +1,167 @@
+"""The Triton backends, registered into `core.backends` when the package is imported.
+
+- `"fused_gate"` (default on CUDA for dense gates): attention stays the model's own implementation (SDPA's
+  flash/cuDNN kernels, `flash_attention_2/3`); the `output` gate's logits come out of the query projection's
+  GEMM (`query_gate.py`), and the gate is applied in one fused sigmoid-multiply pass (`gate_multiply.py`)
+  before the output projection, forward and backward. `value` and `qk` gates get the fused pass too.
+  With `top_k` it masks (computes every head).
+- `"triton"`: our flash attention with the gate in its epilogue (`gated_attention.py`), through the attention
+  implementation `hf_gate_attention_triton` registered on that instance: the least memory (no ungated copy of
+  the attention output is kept), and with `top_k` it skips the tiles of dropped heads. Slower than the vendor
+  kernels at dense attention (benchmarks/results/gpu.md).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ..core.backends import GateBackend, register_backend
+from ..core.config import GateConfig
+from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from .query_gate import merge_query_gate, restore_query_projection
+
+ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
+UNSUPPORTED_ATTENTION_OPTIONS = ("sliding_window", "attn_logit_softcapping")
+
+
+def _triton_unavailable(dtype: torch.dtype) -> str | None:
+    """Why the Triton kernels cannot run here on this dtype, or `None`."""
+    from . import triton_available  # the package's name: tests replace it
+    from .ops import _check_dtype
+
+    available, reason = triton_available()
+    if not available:
+        return reason
+    try:
+        _check_dtype(dtype)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _fused_gate_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
+    return _triton_unavailable(weight.dtype)
+
+
+def _attention_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
+    """Why the fused attention kernel cannot serve this model, or `None` if it can."""
+    from . import check_supported
+
+    reason = _triton_unavailable(weight.dtype)
+    if reason is not None:
+        return reason
+    try:
+        check_supported(head_dim, weight.dtype)
+    except ValueError as error:
+        return str(error)
+    if config.variant != "value":
+        for option in UNSUPPORTED_ATTENTION_OPTIONS:
+            if getattr(model_config, option, None):
+                return f"the fused attention kernel does not support {option} (set in this model's config)"
+    return None
+
+
+def register_attention_implementation() -> None:
+    """Make `hf_gate_attention_triton` a transformers attention implementation (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, fused_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attention_mask)  # (B, S) key padding or None
+
+
+def fused_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """Attention function of patched models: query (B, H, L, D), key/value (B, KV, S, D) -> (B, L, H, D)."""
+    from . import gated_flash_attention
+
+    if dropout > 0:
+        raise ValueError(
+            f"the fused Triton attention has no attention dropout (got p={dropout}); set the model's "
+            "attention dropout to 0 or patch with backend='torch'"
+        )
+    block_patch = BLOCK_PATCHES.get(module)
+    logits, keep, scale = (None, None, 1.0) if block_patch is None else block_patch.take_gate_logits()
+    out = gated_flash_attention(
+        query,
+        key,
+        value,
+        gate_logits=logits,
+        gate_scale=scale,
+        keep=keep,
+        causal=bool(getattr(module, "is_causal", False)),
+        key_padding_mask=None if attention_mask is None else attention_mask.bool(),
+        sm_scale=scaling,
+    )
+    return out, None
+
+
+def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float, keep) -> torch.Tensor:
+    """`values: (..., G*D)` times `scale * sigmoid(logits: (..., G, w)) * keep` in one fused kernel."""
+    from . import sigmoid_gate_multiply
+
+    heads = values.unflatten(-1, (logits.shape[-2], -1))  # (..., G, D)
+    return sigmoid_gate_multiply(heads, logits, scale, keep).flatten(-2)
+
+
+def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None):
+    if sparse and config.top_k is not None:
+        raise ValueError(
+            "sparse=True: backend 'fused_gate' computes every head and masks the dropped ones; top-k work "
+            "skipping runs on backend='torch' (sparse attention) or backend='triton' (skipped tiles)"
+        )
+    return None
+
+
+def _fused_attention(config: GateConfig, model_config, sparse: bool | None):
+    if sparse is False and config.top_k is not None:
+        raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
+    return None if config.variant == "value" else sys.modules[__name__]  # this module's attention function
+
+
+def _merge(block_patch, family) -> None:
+    """The output gate's logits from the query GEMM, where the layout allows it (`query_gate.py`)."""
+    if block_patch.variant != "output" or family.fused_qkv:
+        return
+    query = block_patch.block.get_submodule(family.query)
+    base = query.get_base_layer() if hasattr(query, "get_base_layer") else query
+    merge_query_gate(base, getattr(block_patch.block, GATE_MODULE_NAME), block_patch)
+
+
+def _unmerge(block: nn.Module) -> None:
+    gate = getattr(block, GATE_MODULE_NAME)
+    for module in block.modules():
+        restore_query_projection(module, gate)
+
+
+register_backend(
+    GateBackend(
+        name="fused_gate",
+        summary="the model's own attention (SDPA, flash), gate logits from the query GEMM, a fused gate pass",
+        unavailable_reason=_fused_gate_unavailable,
+        gate_multiply=fused_gate_multiply,
+        attention=_no_sparse_skipping,
+        prepare_block=_merge,
+        release_block=_unmerge,
+    )
+)
+register_backend(
+    GateBackend(
+        name="triton",
+        summary="our flash attention with the gate in its epilogue (least memory; top_k skips dropped tiles)",
+        unavailable_reason=_attention_unavailable,
+        gate_multiply=fused_gate_multiply,
+        attention=_fused_attention,
+    )
+)

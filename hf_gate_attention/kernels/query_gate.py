@@ -1,0 +1,141 @@
+"""The output gate's logits from the query GEMM: one projection computes `[q | z]` (backend `"fused_gate"`).
+
+`output` gates compute `z = X W_g + b_g` from the same input `X` as the query projection `q = X W_q + b_q`.
+Serving engines store `[W_q; W_g]` as one matrix and run one GEMM. We do the same without changing a single
+parameter: `merge_query_gate` moves `q_proj.weight` and `attn_gate.weight` (and the biases) into one buffer
+and makes both parameters views of it, so their names, shapes, values, `state_dict`, optimizers, PEFT LoRA
+(it wraps `q_proj` and calls this `forward` as its base layer) and `unpatch` see nothing different; only the
+query projection's `forward` (on that instance) changes: one GEMM on the merged buffer, `q` returned, `z`
+stashed for the gate. Its backward is one GEMM for dX and one for the merged weight gradient.
+
+Falls back to two GEMMs, the reference computation (same values up to GEMM rounding), whenever the merge
+cannot hold: the parameters no longer share the buffer (`model.to(...)`, `load_state_dict(assign=True)`,
+FSDP's flat parameters, a LoRA merge that reassigned `.data`), `torch.compile` tracing (the compiled graph
+runs the two GEMMs), or a projection that is not a plain `nn.Linear` (not merged at patch time).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# marks the `forward` set on a query projection instance (removed by `restore_query_projection`)
+_OURS = "_hf_gate_attention_merged_query_gate"
+
+
+class _MergedLinear(torch.autograd.Function):
+    """`(q, z) = split(X [W_q; W_g]^T + [b_q; b_g])` with one GEMM each way.
+
+    `weight (n_q + n_g, hidden)` and `bias (n_q + n_g,)` are the merged buffers the parameters are views of;
+    they are inputs only to be saved, gradients go to the parameters."""
+
+    @staticmethod
+    def forward(ctx, x, q_weight, gate_weight, q_bias, gate_bias, weight, bias):
+        device_type = x.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        with torch.autocast(device_type, enabled=False):
+            x_ = x if dtype is None else x.to(dtype)
+            weight_ = weight if dtype is None else weight.to(dtype)
+            bias_ = bias if dtype is None else bias.to(dtype)
+            y = F.linear(x_, weight_, bias_)  # (..., n_q + n_g)
+        ctx.save_for_backward(x_, weight_)
+        ctx.split = q_weight.shape[0]
+        ctx.dtypes = (x.dtype, weight.dtype)
+        ctx.has_q_bias = q_bias is not None
+        return y[..., : ctx.split], y[..., ctx.split :]
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_z):
+        x, weight = ctx.saved_tensors
+        grad_y = torch.cat([grad_q, grad_z], dim=-1).flatten(0, -2)  # (N, n_q + n_g)
+        x_rows = x.reshape(-1, x.shape[-1])  # (N, hidden)
+        needs = ctx.needs_input_grad
+        split, (x_dtype, weight_dtype) = ctx.split, ctx.dtypes
+        grad_x = (grad_y @ weight).view(x.shape).to(x_dtype) if needs[0] else None
+        grad_wq = grad_wg = grad_bq = grad_bg = None
+        if needs[1]:  # both weights: one GEMM, then views
+            grad_w = (grad_y.T @ x_rows).to(weight_dtype)
+            grad_wq, grad_wg = grad_w[:split], grad_w[split:]
+        elif needs[2]:  # the gate only (train_gates_only)
+            grad_wg = (grad_y[:, split:].T @ x_rows).to(weight_dtype)
+        if needs[3] or needs[4]:
+            grad_b = grad_y.sum(0).to(weight_dtype)
+            grad_bq, grad_bg = grad_b[:split] if needs[3] else None, grad_b[split:]
+        return grad_x, grad_wq, grad_wg if needs[2] else None, grad_bq, grad_bg, None, None
+
+
+def _view_of(param: torch.Tensor, buffer: torch.Tensor, start: int) -> bool:
+    """Whether `param` is the contiguous block of `buffer` starting at row `start` (pointer arithmetic only,
+    no device synchronisation)."""
+    return (
+        param.dtype == buffer.dtype
+        and param.device == buffer.device
+        and param.is_contiguous()
+        and param.data_ptr() == buffer.data_ptr() + start * buffer.stride(0) * buffer.element_size()
+    )
+
+
+def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> bool:
+    """Merge `query`'s and the `output` gate's weights into one buffer and give `query` the one-GEMM
+    `forward` (this instance only). Returns `False`, changing nothing, if `query` is not a plain `nn.Linear`
+    or the gate reads something other than the query projection's input."""
+    if type(query) is not nn.Linear or "forward" in query.__dict__ or gate.variant != "output" or gate.top_k:
+        return False
+    n_q = query.out_features
+    with torch.no_grad():
+        weight = torch.cat([query.weight, gate.weight.to(query.weight.dtype)])  # (n_q + n_g, hidden)
+        q_bias = query.bias if query.bias is not None else query.weight.new_zeros(n_q)
+        bias = torch.cat([q_bias, gate.bias.to(query.weight.dtype)])  # (n_q + n_g,)
+    query.weight = _reparented(query.weight, weight[:n_q])
+    gate.weight = _reparented(gate.weight, weight[n_q:])
+    if query.bias is not None:
+        query.bias = _reparented(query.bias, bias[:n_q])
+    gate.bias = _reparented(gate.bias, bias[n_q:])
+    forward = _merged_forward(query, gate, block_patch, weight, bias)
+    setattr(forward, _OURS, True)
+    query.forward = forward
+    return True
+
+
+def _reparented(param: nn.Parameter, view: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(view, requires_grad=param.requires_grad)
+
+
+def _merged_forward(query: nn.Linear, gate: nn.Module, block_patch, weight: torch.Tensor, bias: torch.Tensor):
+    n_q = query.out_features
+    shape = (gate.num_gated_heads, gate.width)
+
+    def merged(x):
+        """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]`."""
+        q_bias = query.bias
+        if torch.compiler.is_compiling() or not (
+            _view_of(query.weight, weight, 0)
+            and _view_of(gate.weight, weight, n_q)
+            and _view_of(gate.bias, bias, n_q)
+            and (q_bias is None or _view_of(q_bias, bias, 0))
+        ):
+            block_patch.stash["logits"] = gate.logits(x=x)
+            return F.linear(x, query.weight, q_bias)
+        if torch.is_grad_enabled() and (
+            x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad
+        ):
+            q, z = _MergedLinear.apply(x, query.weight, gate.weight, q_bias, gate.bias, weight, bias)
+        else:
+            y = F.linear(x, weight, bias)  # (..., n_q + n_g)
+            q, z = y[..., :n_q], y[..., n_q:]
+        block_patch.stash["logits"] = z.unflatten(-1, shape)
+        return q
+
+    return merged
+
+
+def restore_query_projection(query: nn.Module, gate: nn.Module) -> None:
+    """Undo `merge_query_gate`: the plain `forward` back, and each parameter in storage of its own."""
+    if not getattr(query.__dict__.get("forward"), _OURS, False):
+        return
+    del query.forward
+    for module, name in ((query, "weight"), (query, "bias"), (gate, "weight"), (gate, "bias")):
+        param = getattr(module, name)
+        if param is not None:
+            setattr(module, name, nn.Parameter(param.detach().clone(), requires_grad=param.requires_grad))

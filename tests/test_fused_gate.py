@@ -1,0 +1,279 @@
+"""`backend="fused_gate"`: the model's own attention, the output gate's logits from the query GEMM (one merged
+buffer, `kernels/query_gate.py`) and one fused gate pass; and the backend contract (`core/backends.py`).
+
+Every parameter's gradient against `backend="torch"` on every family: tests/test_backend_gradients.py. Here:
+the merge itself (active, equal, undone), its fallbacks, PEFT LoRA, saving, autocast, `torch.compile`, and
+what `"auto"` picks. On CPU the kernels run through Triton's interpreter (conftest).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import VARIANTS, tiny_inputs, tiny_model
+
+pytest.importorskip("triton")
+
+from hf_gate_attention import GateConfig, from_pretrained, gate_backend_of, patch, unpatch
+from hf_gate_attention.core import backends
+from hf_gate_attention.core.backends import GateBackend, register_backend, resolve_backend
+
+GATE = {"variant": "output", "init": "paper"}
+
+
+def _padded_inputs(batch: int = 2, length: int = 9) -> dict:
+    inputs = tiny_inputs("llama", batch=batch, length=length)
+    mask = torch.ones_like(inputs["input_ids"])
+    mask[0, :3] = 0  # left padding
+    return inputs | {"attention_mask": mask}
+
+
+def _pair(model_type: str = "llama", backend: str = "fused_gate", **gate) -> tuple:
+    """The same tiny model with the same gate weights on `torch` and on `backend`."""
+    gate = {**GATE, **gate}
+    reference = patch(tiny_model(model_type, attn_implementation="sdpa"), backend="torch", **gate)
+    model = patch(tiny_model(model_type, attn_implementation="sdpa"), backend=backend, **gate)
+    model.load_state_dict(reference.state_dict())
+    return reference, model
+
+
+def _merged(model) -> bool:
+    """Whether layer 0's query and gate weights are views of one buffer (the merged GEMM runs)."""
+    attention = model.model.layers[0].self_attn
+    query, gate = attention.q_proj, attention.attn_gate
+    query = query.get_base_layer() if hasattr(query, "get_base_layer") else query
+    storage = query.weight.untyped_storage().data_ptr()
+    return gate.weight.untyped_storage().data_ptr() == storage
+
+
+def _logits_and_grads(model, inputs):
+    logits = model(**inputs).logits
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(3))
+    (logits * weights * inputs["attention_mask"][..., None]).sum().backward()
+    grads = {n.removeprefix("_orig_mod."): p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
+def _assert_same(model, reference, inputs):
+    logits, grads = _logits_and_grads(model, inputs)
+    expected, expected_grads = _logits_and_grads(reference, inputs)
+    rows = inputs["attention_mask"].bool()
+    torch.testing.assert_close(logits[rows], expected[rows], rtol=1e-4, atol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("attn_gate" in n for n in grads)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: the query projection has a bias
+def test_merged_projection_equals_the_reference(model_type, granularity):
+    reference, model = _pair(model_type, granularity=granularity)
+    assert _merged(model) and not _merged(reference)
+    stashed = []
+    block_patch = model._gate_attention_patches[0]
+    block_patch.block.o_proj.register_forward_pre_hook(lambda m, a: stashed.append(set(block_patch.stash)))
+    _assert_same(model, reference, _padded_inputs())
+    assert stashed and all(not keys for keys in stashed)  # logits and x taken, nothing left behind
+    with torch.no_grad():  # the no-grad path (one GEMM without autograd) too
+        torch.testing.assert_close(model(**_padded_inputs()).logits, reference(**_padded_inputs()).logits)
+
+
+def test_state_dict_names_and_values_are_those_of_the_unmerged_model():
+    reference, model = _pair()
+    state, expected = model.state_dict(), reference.state_dict()
+    assert list(state) == list(expected)
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+
+
+def test_optimizer_steps_update_the_merged_buffer_in_place():
+    reference, model = _pair()
+    inputs = _padded_inputs()
+    for m in (reference, model):
+        optimizer = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            optimizer.zero_grad()
+            m(**inputs, labels=inputs["input_ids"]).loss.backward()
+            optimizer.step()
+    assert _merged(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_train_gates_only_gives_gradients_to_the_gates_alone():
+    reference, model = _pair()
+    for m in (reference, model):
+        m.requires_grad_(False)
+        for name, param in m.named_parameters():
+            param.requires_grad_("attn_gate" in name)
+    inputs = _padded_inputs()
+    _, grads = _logits_and_grads(model, inputs)
+    _, expected = _logits_and_grads(reference, inputs)
+    assert grads.keys() == expected.keys() and all("attn_gate" in n for n in grads)
+    for name, grad in expected.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_separated_storage_falls_back_to_two_gemms():
+    """`model.to(dtype)` gives every parameter storage of its own: the reference computation runs."""
+    reference, model = _pair()
+    model.to(torch.float16).float()
+    reference.to(torch.float16).float()
+    assert not _merged(model)
+    _assert_same(model, reference, _padded_inputs())
+
+
+def test_unpatch_gives_the_query_projection_storage_of_its_own():
+    model = tiny_model("llama", attn_implementation="sdpa")
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    patch(model, backend="fused_gate", variant="output")  # identity init: same function
+    unpatch(model)
+    query = model.model.layers[0].self_attn.q_proj
+    assert "forward" not in query.__dict__
+    assert query.weight.untyped_storage().nbytes() == query.weight.numel() * query.weight.element_size()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, expected)
+
+
+@pytest.mark.parametrize("order", ["patch then lora", "lora then patch"])
+def test_peft_lora_on_the_query_projection(order):
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    models = {}
+    for backend in ("torch", "fused_gate"):
+        torch.manual_seed(0)
+        model = tiny_model("llama", attn_implementation="sdpa")
+        if order == "patch then lora":
+            patch(model, backend=backend, **GATE)
+            model = peft.get_peft_model(model, lora)
+        else:
+            model = peft.get_peft_model(model, lora)
+            patch(model, backend=backend, **GATE)
+        models[backend] = model
+    models["fused_gate"].load_state_dict(models["torch"].state_dict())
+    assert _merged(models["fused_gate"].get_base_model())
+    inputs = _padded_inputs()
+    logits, grads = _logits_and_grads(models["fused_gate"], inputs)
+    expected, expected_grads = _logits_and_grads(models["torch"], inputs)
+    rows = inputs["attention_mask"].bool()
+    torch.testing.assert_close(logits[rows], expected[rows], rtol=1e-4, atol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("lora_A" in n for n in grads)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_save_and_reload_a_merged_model(tmp_path):
+    """The shared buffer must not make transformers drop a 'tied' tensor when saving."""
+    _, model = _pair()
+    inputs = _padded_inputs()
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    model.save_pretrained(tmp_path)
+    loaded = from_pretrained(tmp_path, backend="fused_gate")
+    assert gate_backend_of(loaded) == "fused_gate" and _merged(loaded)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(**inputs).logits, expected)
+    state, expected_state = loaded.state_dict(), model.state_dict()
+    assert list(state) == list(expected_state)
+    assert all(torch.equal(state[key], expected_state[key]) for key in expected_state)
+
+
+def test_autocast_bfloat16_training_step_is_close_to_the_reference():
+    reference, model = _pair(granularity="elementwise")
+    inputs = _padded_inputs()
+    results = []
+    for m in (reference, model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(**inputs, labels=inputs["input_ids"]).loss
+        loss.backward()
+        grads = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+        assert all(g.dtype == torch.float32 for g in grads.values())
+        results.append((loss.detach(), grads))
+    (expected, expected_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, expected, rtol=1e-2, atol=1e-2)
+    for name, grad in expected_grads.items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(grads[name], grad, rtol=5e-2, atol=2e-2 * scale + 1e-6, msg=name)
+
+
+@pytest.mark.parametrize("backend", ["torch", "fused_gate"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_torch_compile_fullgraph_forward_and_backward(variant, backend):
+    """No graph break (fullgraph=True) in forward and backward; equal to eager. Under tracing the merged
+    projection runs as two GEMMs and the fused pass as its custom op."""
+    torch._dynamo.reset()
+    reference, model = _pair(backend=backend, variant=variant, granularity="elementwise")
+    inputs = _padded_inputs()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    logits, grads = _logits_and_grads(compiled, inputs)
+    expected, expected_grads = _logits_and_grads(reference, inputs)
+    rows = inputs["attention_mask"].bool()
+    torch.testing.assert_close(logits[rows], expected[rows], rtol=1e-4, atol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# --- "auto" and the backend contract ---
+
+
+class _Weight:
+    """Stands for a query weight on some device (resolution reads only dtype and is_cuda)."""
+
+    def __init__(self, is_cuda: bool, dtype=torch.bfloat16):
+        self.is_cuda, self.dtype = is_cuda, dtype
+
+
+@pytest.mark.parametrize(
+    ("top_k", "is_cuda", "expected"),
+    [(None, True, "fused_gate"), (2, True, "triton"), (None, False, "torch"), (2, False, "torch")],
+)
+def test_auto_picks_by_device_and_phase(top_k, is_cuda, expected):
+    model_config = tiny_model("llama").config
+    config = GateConfig(top_k=top_k)
+    assert resolve_backend("auto", config, model_config, 8, _Weight(is_cuda)).name == expected
+
+
+def test_auto_falls_back_to_torch_when_triton_cannot_run(monkeypatch):
+    import hf_gate_attention.kernels
+
+    monkeypatch.setattr(hf_gate_attention.kernels, "triton_available", lambda: (False, "no CUDA GPU"))
+    model_config = tiny_model("llama").config
+    assert resolve_backend("auto", GateConfig(), model_config, 8, _Weight(True)).name == "torch"
+    with pytest.raises(ValueError, match=r"backend='fused_gate' cannot run here: no CUDA GPU"):
+        resolve_backend("fused_gate", GateConfig(), model_config, 8, _Weight(True))
+
+
+def test_a_new_backend_is_one_registration(monkeypatch):
+    monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
+    calls = []
+
+    def doubled(values, logits, scale, keep):
+        calls.append(logits.shape)
+        return values * 2
+
+    register_backend(GateBackend("doubling", "test", lambda *args: None, gate_multiply=doubled))
+    model = tiny_model("llama")
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        patch(model, backend="doubling", variant="value")
+        assert not torch.allclose(model(**inputs).logits, expected)
+    assert gate_backend_of(model) == "doubling" and len(calls) == 2  # one call per layer
+    with pytest.raises(ValueError, match="backend name 'doubling' is taken"):
+        register_backend(GateBackend("doubling", "again", lambda *args: None))
+    with pytest.raises(ValueError, match="backend name 'auto' is taken"):
+        register_backend(GateBackend("auto", "no", lambda *args: None))
+    with pytest.raises(TypeError, match="must be a GateBackend"):
+        register_backend("doubling")
+
+
+def test_fused_gate_refuses_sparse_skipping_with_the_alternatives():
+    with pytest.raises(ValueError, match=r"sparse=True: backend 'fused_gate' computes every head.*'torch'"):
+        patch(tiny_model("llama"), backend="fused_gate", top_k=1, sparse=True)
+    model = patch(tiny_model("llama"), backend="fused_gate", top_k=1, init="paper")  # masked top-k
+    reference = patch(tiny_model("llama"), backend="torch", top_k=1, init="paper", sparse=False)
+    model.load_state_dict(reference.state_dict())
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, rtol=1e-4, atol=1e-5)

@@ -3,9 +3,9 @@
 Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with `diagnostics`
 (core + helpers only) usable from the recipes and the command line, and the small shared helpers (`files`,
 `formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`) from any room above the core.
-`core` imports only torch, transformers and itself at module level; it reaches the kernels and the sharing
-code only inside functions (the backend dispatch, the `save_pretrained`/`push_to_hub` bound on patched
-instances).
+`core` imports only torch, transformers and itself at module level; it never imports the kernels, not even
+inside functions (they register their backends into `core.backends`), and reaches the sharing code only
+inside functions (the `save_pretrained`/`push_to_hub` bound on patched instances).
 """
 
 from __future__ import annotations
@@ -71,6 +71,18 @@ def test_module_level_imports_flow_one_way(path):
         assert _room(imported) in ALLOWED[room], f"{_module_name(path)} ({room}) imports {imported}"
 
 
+def test_core_never_imports_the_kernels_not_even_inside_functions():
+    for path in sorted((PACKAGE / "core").glob("*.py")):
+        package = _module_name(path).rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base])
+                assert not base.startswith("hf_gate_attention.kernels"), f"{path.name} imports {base}"
+
+
 def test_every_room_says_what_it_is_for():
     for path in MODULES:
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
@@ -102,7 +114,7 @@ model(torch.tensor([[1, 2, 3]]))
 hf_gate_attention.unpatch(model)
 ours = sorted(m for m in sys.modules if m.startswith("hf_gate_attention."))
 print(ours)
-# backend="auto" asks the kernels' dispatch whether they can run; nothing of sharing or the recipes loads
+# the kernels register their backends (Triton itself is not imported); nothing of sharing or the recipes loads
 assert all(m.startswith(("hf_gate_attention.core", "hf_gate_attention.kernels")) for m in ours), ours
 """
     )

@@ -81,9 +81,17 @@ class AttentionGate(nn.Module):
         )
 
     def logits(
-        self, x: torch.Tensor | None = None, q: torch.Tensor | None = None, k: torch.Tensor | None = None
+        self,
+        x: torch.Tensor | None = None,
+        q: torch.Tensor | None = None,
+        k: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
     ):
-        """Gate logits `(..., G, w)` from `x: (..., hidden)` or from `q: (..., H*D)` and `k: (..., KV*D)`."""
+        """Gate logits `(..., G, w)` from `x: (..., hidden)` or from `q: (..., H*D)` and `k: (..., KV*D)`; or
+        `logits` themselves, computed elsewhere from this gate's weights (the query GEMM of a merged
+        projection), passed through so that the gate is still called, and hooked, as a module."""
+        if logits is not None:
+            return logits
         if self.variant != "qk":
             z = nn.functional.linear(x, self.weight, self.bias)  # (..., G*w)
             return z.unflatten(-1, (self.num_gated_heads, self.width))
@@ -98,6 +106,7 @@ class AttentionGate(nn.Module):
         x: torch.Tensor | None = None,
         q: torch.Tensor | None = None,
         k: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
         logits_only: bool = False,
     ):
         """Gate values `(..., G, w)` in float32, top-k sparsified when configured.
@@ -106,14 +115,14 @@ class AttentionGate(nn.Module):
         kernels that apply `scale * sigmoid(logits) * keep` themselves.
         """
         if logits_only:
-            logits = self.logits(x, q, k)
+            logits = self.logits(x, q, k, logits)
             keep = None if self.top_k is None else self.selection(self._sigmoid(logits))
             return logits, keep
-        return self.with_selection(x, q, k)[0]
+        return self.with_selection(x, q, k, logits)[0]
 
-    def with_selection(self, x=None, q=None, k=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def with_selection(self, x=None, q=None, k=None, logits=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(gate (..., G, w) float32 with the heads top-k dropped at 0, keep (..., G) 0/1 or None)`."""
-        gate = self._sigmoid(self.logits(x, q, k))
+        gate = self._sigmoid(self.logits(x, q, k, logits))
         if self.top_k is None:
             return gate, None
         keep = self.selection(gate)

@@ -172,8 +172,6 @@ class _BlockPatch:
     def _apply(self, values: torch.Tensor, inputs: dict) -> torch.Tensor:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
-        if "logits" in inputs:  # merged query/gate projection: dense gate, fused pass
-            return self.gate_multiply(values, inputs["logits"], self.scale, None)
         if self.gate_multiply is not None:
             logits, keep = self._gate()(**inputs, logits_only=True)
             return self.gate_multiply(values, logits, self.scale, keep)

@@ -21,6 +21,7 @@ from torch import nn
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
 from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from .ops import gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
@@ -91,6 +92,10 @@ def fused_attention_forward(
             f"the fused Triton attention has no attention dropout (got p={dropout}); set the model's "
             "attention dropout to 0 or patch with backend='torch'"
         )
+    device_type = query.device.type
+    if torch.is_autocast_enabled(device_type):  # e.g. Llama's rotary step leaves q, k in float32, v in bf16
+        dtype = torch.get_autocast_dtype(device_type)
+        query, key, value = (t.to(dtype) for t in (query, key, value))
     block_patch = BLOCK_PATCHES.get(module)
     logits, keep, scale = (None, None, 1.0) if block_patch is None else block_patch.take_gate_logits()
     out = gated_flash_attention(
@@ -108,11 +113,10 @@ def fused_attention_forward(
 
 
 def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float, keep) -> torch.Tensor:
-    """`values: (..., G*D)` times `scale * sigmoid(logits: (..., G, w)) * keep` in one fused kernel."""
-    from . import sigmoid_gate_multiply
-
+    """`values: (..., G*D)` times `scale * sigmoid(logits: (..., G, w)) * keep` in one fused kernel. Runs per
+    layer and token: without the public API's input checks (the hooks' shapes are right by construction)."""
     heads = values.unflatten(-1, (logits.shape[-2], -1))  # (..., G, D)
-    return sigmoid_gate_multiply(heads, logits, scale, keep).flatten(-2)
+    return gate_multiply_unchecked(heads, logits, scale, keep).flatten(-2)
 
 
 def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None):

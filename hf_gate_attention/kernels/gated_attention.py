@@ -164,9 +164,7 @@ def _fwd_key_blocks(
     return acc, l_i, m_i
 
 
-@triton.autotune(
-    _configs(((128, 64, 4, 3), (64, 64, 4, 3))), key=_TUNING_KEY
-)
+@triton.autotune(_configs(((128, 64, 4, 3), (64, 64, 4, 3))), key=_TUNING_KEY)
 @triton.jit
 def _gated_attention_fwd_kernel(
     Q,
@@ -349,9 +347,7 @@ def _dkdv_query_blocks(
     return dk, dv
 
 
-@triton.autotune(
-    _configs(((64, 128, 8, 2), (32, 128, 4, 3))), key=_TUNING_KEY
-)
+@triton.autotune(_configs(((64, 128, 8, 2), (32, 128, 4, 3))), key=_TUNING_KEY)
 @triton.jit
 def _gated_attention_bwd_dkdv_kernel(
     Q,
@@ -502,9 +498,7 @@ def _dq_key_blocks(
     return dq
 
 
-@triton.autotune(
-    _configs(((128, 64, 8, 3), (64, 32, 4, 3))), key=_TUNING_KEY
-)
+@triton.autotune(_configs(((128, 64, 8, 3), (64, 32, 4, 3))), key=_TUNING_KEY)
 @triton.jit
 def _gated_attention_bwd_dq_kernel(
     Q,

@@ -292,6 +292,21 @@ class SigmoidGateMultiply(torch.autograd.Function):
         return grad_values, grad_logits, None, None
 
 
+def gate_multiply_unchecked(
+    values: torch.Tensor, gate_logits: torch.Tensor, gate_scale: float, keep: torch.Tensor | None
+) -> torch.Tensor:
+    """`sigmoid_gate_multiply` without its input checks, and without autograd when no gradient is needed
+    (decode): the least host work per call. For callers whose shapes are right by construction."""
+    if values.device.type != "cuda":
+        _require_triton(values.device)
+    needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
+    if needs_grad or torch.compiler.is_compiling():
+        return SigmoidGateMultiply.apply(values, gate_logits, keep, float(gate_scale))
+    from .gate_multiply import gate_multiply_forward
+
+    return gate_multiply_forward(values, gate_logits, keep, gate_scale)
+
+
 def sigmoid_gate_multiply(
     values: torch.Tensor,
     gate_logits: torch.Tensor,

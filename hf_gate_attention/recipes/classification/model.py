@@ -9,9 +9,9 @@ import torch
 import transformers
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification, set_seed
 
-from ...core.patching import patch
 from ...sharing.loading import from_pretrained as load_gated
 from ..summarization.config import RunSpec
+from ..summarization.train import patch_on_device
 from .config import ClassificationConfig
 
 AUTO_CLASSES = {"text": AutoModelForSequenceClassification, "image": AutoModelForImageClassification}
@@ -60,7 +60,7 @@ def load_classifier(
         dtype=torch.float32,
         attn_implementation=config.attn_implementation,
     )
-    return patch(model, run.gate, backend=config.backend) if run.gate is not None else model
+    return patch_on_device(model, run.gate, config.backend) if run.gate is not None else model
 
 
 def load_trained_classifier(config: ClassificationConfig, run: RunSpec, modality: str):

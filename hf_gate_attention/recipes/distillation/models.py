@@ -17,11 +17,12 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ...core.hooks import CONFIG_ATTRIBUTE
-from ...core.patching import gate_config_of, patch
+from ...core.patching import gate_config_of
 from ...files import read_json
 from ...offline import resolve_model
 from ...sharing.loading import from_pretrained as load_gated
 from ..summarization.files import CONFIG_FILE
+from ..summarization.train import patch_on_device
 from .config import DistillationConfig
 from .losses import gate_modules
 
@@ -197,6 +198,6 @@ def build_student(config: DistillationConfig, teacher: nn.Module) -> tuple[nn.Mo
             raise ValueError(
                 f"no student layer maps to a gated teacher layer {list(gate.layers)}: {layer_map}"
             )
-        student = patch(student, gate.replace(layers=layers), backend=config.backend)
+        student = patch_on_device(student, gate.replace(layers=layers), config.backend)
     check_layer_map(layer_map, teacher, student)
     return student, layer_map

@@ -10,10 +10,9 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments, set_seed
 
-from ...core.patching import patch
 from ...diagnostics import DiagnosticsCallback, diagnose
 from ...files import atomic_write_json, read_json
-from ..summarization.train import last_complete_checkpoint, on_cpu
+from ..summarization.train import last_complete_checkpoint, on_cpu, patch_on_device
 from .config import Job, StudyConfig
 from .data import BlockDataset
 
@@ -42,7 +41,7 @@ def build_model(config: StudyConfig, job: Job, vocab_size: int, eos_token_id: in
         pad_token_id=eos_token_id,
     )
     model = LlamaForCausalLM._from_config(model_config, attn_implementation="sdpa")
-    return patch(model, job.run.gate, backend=config.backend) if job.run.gate is not None else model
+    return patch_on_device(model, job.run.gate, config.backend) if job.run.gate is not None else model
 
 
 def training_arguments(config: StudyConfig, job: Job, checkpoint_dir: Path) -> TrainingArguments:

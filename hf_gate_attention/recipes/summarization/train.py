@@ -41,6 +41,15 @@ def distributed_state() -> PartialState:
     return PartialState(cpu=on_cpu())
 
 
+def patch_on_device(model, gate, backend: str):
+    """`patch(model, gate, backend=backend)` on the device this process trains on (where the Trainer would
+    move the model anyway), so that `backend="auto"` chooses for that device: on a GPU, the fused backends."""
+    device = distributed_state().device
+    if device.type != "cpu":
+        model.to(device)
+    return patch(model, gate, backend=backend)
+
+
 def load_tokenizer(model_path: str):
     """The model's tokenizer, with its EOS token as pad token when it has none."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -54,7 +63,7 @@ def load_pretrained(config: RecipeConfig, model_path: str, run: RunSpec, dtype=t
     model = AutoModelForCausalLM.from_pretrained(
         model_path, dtype=dtype, attn_implementation=config.attn_implementation
     )
-    return patch(model, run.gate, backend=config.backend) if run.gate is not None else model
+    return patch_on_device(model, run.gate, config.backend) if run.gate is not None else model
 
 
 def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):

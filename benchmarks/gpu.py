@@ -27,7 +27,7 @@ Phases:
   them, 16k tokens per shape (B = 16384 / L, H = 2048 / D), L in 4096 and 8192, head_dim 64 and 128, headwise
   and elementwise: `sdpa` (`F.scaled_dot_product_attention` on flash / cuDNN), `sdpa+torch_gate`,
   `sdpa+fused_gate` (`sigmoid_gate_multiply`) and `triton` (`gated_flash_attention`), forward and backward
-  (medians of CUDA-event timings from `benchmarks/kernels.py`), as throughput relative to `sdpa`.
+  (medians of CUDA-event timings from `benchmarks/attention_kernels.py`), as throughput relative to `sdpa`.
 
 Every case is called once before the timed rounds (its `first_call_s` includes Triton compilation and
 autotuning not done by an earlier phase). Then each round times every case once, in an order rotated from
@@ -54,7 +54,6 @@ import argparse
 import contextlib
 import csv
 import datetime
-import importlib.util
 import io
 import math
 import shlex
@@ -65,31 +64,16 @@ from pathlib import Path
 
 START = time.perf_counter()
 
-# This folder's kernels.py would shadow Hugging Face's `kernels` package, which transformers imports when
-# installed: take the folder off the import path (kernels.py and overhead.py are loaded by path) and put the
-# repository first, so that its hf_gate_attention is the one measured.
-BENCHMARKS = Path(__file__).resolve().parent
-sys.path[:] = [str(BENCHMARKS.parent)] + [p for p in sys.path if Path(p or ".").resolve() != BENCHMARKS]
-
+import attention_kernels as kb
 import torch
 import transformers
+from overhead import cpu_model, write_atomic
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
 from hf_gate_attention import GateConfig, gate_backend_of, patch, unpatch
 
-
-def load_sibling(name: str):
-    """`benchmarks/<name>.py` as module `benchmarks_<name>` (see the import path note above)."""
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-overhead = load_sibling("overhead")
-cpu_model, write_atomic = overhead.cpu_model, overhead.write_atomic
 BASELINE = "ungated"
 PHASES = ("prefill", "train", "decode_eager", "decode_graph", "kernels")
 PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "decode_eager": 2.0, "decode_graph": 2.0, "kernels": 1.5}
@@ -388,8 +372,6 @@ def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
 def run_kernels(args, deadline: float, rows: list[dict], save) -> None:
     from hf_gate_attention.kernels import sigmoid_gate_multiply
 
-    kb = load_sibling("kernels")
-
     def sdpa_fused_gate(q, k, v, gate_logits, causal):
         return sigmoid_gate_multiply(kb.sdpa(q, k, v, None, causal), gate_logits, kb.GATE_SCALE)
 
@@ -399,7 +381,7 @@ def run_kernels(args, deadline: float, rows: list[dict], save) -> None:
     for index, shape in enumerate(shapes):
         shape_deadline = time.perf_counter() + (deadline - time.perf_counter()) / (len(shapes) - index)
         try:
-            rows += kernel_shape(kb, methods, *shape, args.rounds, shape_deadline)
+            rows += kernel_shape(methods, *shape, args.rounds, shape_deadline)
         except Exception as error:
             rows.append(
                 {"phase": "kernels", "seq_len": shape[0], "head_dim": shape[1], "granularity": shape[2]}
@@ -412,7 +394,7 @@ def run_kernels(args, deadline: float, rows: list[dict], save) -> None:
         save()
 
 
-def kernel_shape(kb, methods: dict, length: int, dim: int, granularity: str, rounds: int, deadline: float):
+def kernel_shape(methods: dict, length: int, dim: int, granularity: str, rounds: int, deadline: float):
     """Rows of every method x pass on one shape: first call, then rotated rounds of `kb.time_ms` medians."""
     batch, heads = KERNEL_TOKENS // length, KERNEL_HIDDEN // dim
     inputs = kb.make_inputs(batch, heads, length, dim, 1 if granularity == "headwise" else dim)

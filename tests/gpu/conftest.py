@@ -39,8 +39,8 @@ def _one_config_per_autotuned_kernel():
     causality x dtype. Compiled for sm_90 on a 2-core CPU, the 4 configs of each of the 3 attention kernels
     take 27 s (float32) + 9 s (bfloat16) per causality, ~70 s of this folder's 3-minute budget; one config a
     quarter of that. These tests check what the kernels compute inside whole models, which any config must
-    give; tuning is benchmarks/kernels.py's. Restored after each module. `HF_GATE_GPU_TESTS_AUTOTUNE=1` keeps
-    the full autotuning."""
+    give; tuning is benchmarks/attention_kernels.py's. Restored after each module.
+    `HF_GATE_GPU_TESTS_AUTOTUNE=1` keeps the full autotuning."""
     if DEVICE != "cuda" or os.environ.get("HF_GATE_GPU_TESTS_AUTOTUNE") == "1":
         yield
         return

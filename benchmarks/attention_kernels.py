@@ -20,8 +20,8 @@ Targets on an H200: fused forward >= 0.9x and backward >= 0.8x the throughput of
 
 Example (on a CUDA machine):
 
-    .venv/bin/python benchmarks/kernels.py          # all shapes, writes benchmarks/results/kernels.csv
-    .venv/bin/python benchmarks/kernels.py --seq-lens 1024 --head-dims 64 --repeats 5 --out /tmp/quick.csv
+    .venv/bin/python benchmarks/attention_kernels.py     # all shapes: benchmarks/results/kernels.csv
+    .venv/bin/python benchmarks/attention_kernels.py --seq-lens 1024 --head-dims 64 --repeats 5 --out q.csv
 """
 
 from __future__ import annotations
@@ -195,7 +195,9 @@ def main() -> None:
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/kernels.py needs a CUDA GPU; none is visible here, so nothing was measured.")
+        sys.exit(
+            "benchmarks/attention_kernels.py needs a CUDA GPU; none is visible here, so nothing was measured."
+        )
     if os.environ.get("TRITON_INTERPRET", "0") != "0":
         sys.exit("TRITON_INTERPRET is set: the kernels would run on CPU through the interpreter; unset it.")
     available, reason = triton_available()

@@ -20,6 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 
 import pytest
 import torch
+from helpers import interpreter_rounds_bfloat16_to_nearest
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
@@ -42,25 +43,8 @@ EPS = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
 
 @pytest.fixture(autouse=True)
 def _bfloat16_rounds_to_nearest(monkeypatch):
-    """Triton's interpreter converts float32 to bfloat16 by truncation, GPUs round to nearest even; truncation
-    doubles the rounding error of every bfloat16 result (Triton's docs: the interpreter does not support
-    bfloat16). Make the interpreter round like the GPU, so the tolerance measures the kernel."""
-    if not INTERPRET:
-        return
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    convert = interpreter._convert_float
-
-    def round_to_nearest_even(values, input_dtype, output_dtype, rounding_mode):
-        if input_dtype != tl.float32 or output_dtype != tl.bfloat16:
-            return convert(values, input_dtype, output_dtype, rounding_mode)
-        bits = np.ascontiguousarray(values).view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
-
-    monkeypatch.setattr(interpreter, "_convert_float", round_to_nearest_even)
+    if INTERPRET:
+        interpreter_rounds_bfloat16_to_nearest(monkeypatch)
 
 
 def assert_close_to_reference(

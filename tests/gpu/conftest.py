@@ -7,29 +7,14 @@ import os
 
 import pytest
 from gpu_setup import DEVICE, ON_CPU
+from helpers import interpreter_rounds_bfloat16_to_nearest
 
 
 @pytest.fixture(autouse=True)
 def _interpreter_bfloat16_rounds_to_nearest(monkeypatch):
-    """Triton's interpreter converts float32 to bfloat16 by truncation, GPUs round to nearest even (as in
-    tests/test_kernels.py): in the CPU check mode, make the interpreter round like a GPU, so that the bfloat16
-    tolerances (relative to PyTorch's own rounding) measure the same thing as on the GPU."""
-    if not ON_CPU:
-        return
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    convert = interpreter._convert_float
-
-    def round_to_nearest_even(values, input_dtype, output_dtype, rounding_mode):
-        if input_dtype != tl.float32 or output_dtype != tl.bfloat16:
-            return convert(values, input_dtype, output_dtype, rounding_mode)
-        bits = np.ascontiguousarray(values).view(np.uint32).astype(np.uint64)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
-
-    monkeypatch.setattr(interpreter, "_convert_float", round_to_nearest_even)
+    """In the CPU check mode, bfloat16 rounds to nearest in Triton's interpreter, as on a GPU."""
+    if ON_CPU:
+        interpreter_rounds_bfloat16_to_nearest(monkeypatch)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -45,9 +45,16 @@ class WeightWatch(transformers.TrainerCallback):
         return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def assert_trained(watch: WeightWatch, log_history: list[dict], backend: str) -> None:
-    """Three finite losses; on DEVICE, the gates on `backend`; every gate parameter and most other trained
-    tensors changed; all finite."""
+def run_summary(run_folder: Path) -> dict:
+    return json.loads((run_folder / "train_summary.json").read_text())
+
+
+def assert_trained(watch: WeightWatch, summary: dict, backend: str) -> list[dict]:
+    """The run of `summary` (its `global_step` and `log_history`) took STEPS steps with finite losses; on
+    DEVICE, the gates on `backend`; every gate parameter and most other trained tensors changed; all finite.
+    Returns its log history."""
+    assert summary["global_step"] == STEPS
+    log_history = summary["log_history"]
     assert watch.backend == backend
     losses = [entry["loss"] for entry in log_history if "loss" in entry]
     assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses), log_history
@@ -59,6 +66,7 @@ def assert_trained(watch: WeightWatch, log_history: list[dict], backend: str) ->
     others = watch.before.keys() - gates
     assert len(changed & others) >= 0.9 * len(others), f"unchanged: {sorted(others - changed)}"
     assert all(torch.isfinite(tensor).all() for tensor in watch.after.values())
+    return log_history
 
 
 def train_runs(config, tokenizer, train_one) -> None:
@@ -87,9 +95,7 @@ def test_summarization_recipe_bf16_steps(tiny_assets, tmp_path, backend):
         tokenizer,
         partial(train_run, config, model_path=model_path, tokenizer=tokenizer, callbacks=[watch]),
     )
-    summary = json.loads((config.run_dir / "output-headwise" / "train_summary.json").read_text())
-    assert summary["global_step"] == STEPS
-    assert_trained(watch, summary["log_history"], backend)
+    assert_trained(watch, run_summary(config.run_dir / "output-headwise"), backend)
 
 
 def test_classification_recipe_bf16_steps(tmp_path, backend):
@@ -113,9 +119,7 @@ def test_classification_recipe_bf16_steps(tmp_path, backend):
     loaded = load_data(config)
     claim_on_main(config)
     train_all(config, model_path, load_processor(config, model_path, loaded.modality), loaded, [watch])
-    summary = json.loads((config.run_dir / "qk-elementwise" / "train_summary.json").read_text())
-    assert summary["global_step"] == STEPS
-    assert_trained(watch, summary["log_history"], backend)
+    assert_trained(watch, run_summary(config.run_dir / "qk-elementwise"), backend)
 
 
 def test_distillation_recipe_bf16_steps(tiny_assets, tmp_path, backend):
@@ -145,10 +149,8 @@ def test_distillation_recipe_bf16_steps(tiny_assets, tmp_path, backend):
         tokenizer,
         partial(train_student, config, teacher=teacher_model, tokenizer=tokenizer, callbacks=[watch]),
     )
-    summary = json.loads((config.run_dir / "logit-gate-kd" / "train_summary.json").read_text())
-    assert summary["global_step"] == STEPS
-    assert_trained(watch, summary["log_history"], backend)
-    logged = [entry for entry in summary["log_history"] if "loss" in entry]
+    log_history = assert_trained(watch, run_summary(config.run_dir / "logit-gate-kd"), backend)
+    logged = [entry for entry in log_history if "loss" in entry]
     assert all(math.isfinite(entry["kd_loss"]) and math.isfinite(entry["gate_loss"]) for entry in logged)
 
 
@@ -171,5 +173,5 @@ def test_pretraining_recipe_bf16_steps(tmp_path, monkeypatch, backend):
     monkeypatch.setattr(train_module, "Trainer", partial(transformers.Trainer, callbacks=[watch]))
     tokenizer, blocks = prepare_data(config)
     metrics = train_module.train_job(config, job, Path(tmp_path / "job"), blocks, tokenizer, resume=False)
-    assert metrics["global_step"] == STEPS and math.isfinite(metrics["test_loss"])
-    assert_trained(watch, metrics["log_history"], backend)
+    assert math.isfinite(metrics["test_loss"])
+    assert_trained(watch, metrics, backend)

@@ -35,9 +35,9 @@ class GateBackend:
             values` applied in the hooks; `None`: the torch reference (`gate.apply_gate`).
         attention (`Callable`, *optional*): `(config, model_config, sparse) -> module | None`, an attention
             implementation that applies the gate itself (a module with `ATTN_IMPLEMENTATION`,
-            `register_attention_implementation()` and, optionally, `prepare_block(block_patch)`), or `None`
-            to keep the model's own attention implementation; raises `ValueError` for a `sparse` it cannot
-            honour.
+            `register_attention_implementation()` and, optionally, `prepare_block(block_patch)` and
+            `release_block(block)`), or `None` to keep the model's own attention implementation; raises
+            `ValueError` for a `sparse` it cannot honour.
         prepare_block (`Callable`, *optional*): `(block_patch, family) -> None`, run for each gated block
             after the gates exist (e.g. merging the query and gate projections); undone by `release_block`.
         release_block (`Callable`, *optional*): `(block) -> None`, run by `unpatch` before the gate goes.

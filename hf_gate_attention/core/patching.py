@@ -12,7 +12,6 @@ from types import MethodType
 
 from torch import nn
 
-from . import sparse as sparse_module
 from .backends import backend_named, check_backend_name, resolve_backend
 from .config import GateConfig
 from .families import family_for
@@ -28,6 +27,7 @@ from .hooks import (
 
 _BACKEND_ATTRIBUTE = "_gate_attention_backend"
 _PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
+_ATTENTION_ATTRIBUTE = "_gate_attention_attention"  # the attention implementation that applies the gates
 
 
 def _save_pretrained(model, *args, **kwargs):
@@ -100,6 +100,7 @@ def patch(
             attention.prepare_block(block_patch)
     if attention is not None:
         attention.register_attention_implementation()
+        setattr(base, _ATTENTION_ATTRIBUTE, attention)
         setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
         base.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
     if train_gates_only:
@@ -113,11 +114,12 @@ def unpatch(model: nn.Module) -> nn.Module:
     if not is_patched(base):
         raise ValueError("this model is not patched with gated attention")
     runner = backend_named(getattr(base, _BACKEND_ATTRIBUTE))
+    attention = base.__dict__.pop(_ATTENTION_ATTRIBUTE, None)
+    releases = [f for f in (runner.release_block, getattr(attention, "release_block", None)) if f is not None]
     for block_patch in getattr(base, PATCHES_ATTRIBUTE):
         block_patch.remove()
-        sparse_module.release_block(block_patch.block)
-        if runner.release_block is not None:
-            runner.release_block(block_patch.block)
+        for release in releases:
+            release(block_patch.block)
         delattr(block_patch.block, GATE_MODULE_NAME)
     delattr(base, PATCHES_ATTRIBUTE)
     delattr(base, _BACKEND_ATTRIBUTE)

@@ -12,15 +12,15 @@ hf-gate-attention convert QwQZh/gated_attention gated-headwise --subfolder 1B_ga
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from .core.backends import backend_names
+from .core.backends import backend_named, backend_names
 from .core.config import GateConfig
-from .core.hooks import GATE_MODULE_NAME
 
 PROG = "hf-gate-attention"
 # Errors caused by the input (arguments, files, models, network): one line on stderr, exit status 2.
@@ -34,22 +34,34 @@ def _parse_layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer indices such as 0,1,5; got {text!r}") from None
 
 
+# how a GateConfig field is read from the command line, where `str` (with its choices) is not the answer
+_PARSERS = {"top_k": int, "layers": _parse_layers}
+
+
 def _add_gate_options(parser: argparse.ArgumentParser) -> None:
-    defaults = GateConfig()
-    parser.add_argument("--variant", choices=["output", "value", "qk"], default=defaults.variant)
-    parser.add_argument("--granularity", choices=["headwise", "elementwise"], default=defaults.granularity)
-    parser.add_argument("--init", choices=["identity", "paper"], default=defaults.init)
-    parser.add_argument("--top-k", type=int, default=None, help="keep the k largest gates per token (sparse)")
-    parser.add_argument("--layers", type=_parse_layers, default=None, help="layer indices, e.g. 0,1,2")
+    """One option per `GateConfig` field (`--top-k-unit` for `top_k_unit`), with its help, choices and
+    default taken from the field, so that the command line cannot drift from the config."""
+    for option in dataclasses.fields(GateConfig):
+        parser.add_argument(
+            f"--{option.name.replace('_', '-')}",
+            type=_PARSERS.get(option.name, str),
+            choices=option.metadata.get("choices"),
+            default=option.default,
+            help=option.metadata["help"],
+        )
+
+
+def _gate_config(args) -> GateConfig:
+    return GateConfig(**{field.name: getattr(args, field.name) for field in dataclasses.fields(GateConfig)})
 
 
 def _add_backend_option(parser: argparse.ArgumentParser) -> None:
+    summaries = "; ".join(f"{name}: {backend_named(name).summary}" for name in backend_names()[1:])
     parser.add_argument(
         "--backend",
         choices=backend_names(),
         default="auto",
-        help="what runs the gates: torch (reference), triton (fused kernels, CUDA), auto (default: triton on "
-        "a CUDA GPU when supported, else torch)",
+        help=f"what runs the gates (default auto: the fused backends on a CUDA GPU, else torch). {summaries}",
     )
 
 
@@ -74,13 +86,7 @@ def cmd_patch(args) -> None:
     from .offline import resolve_model
 
     output = Path(args.output)
-    gate = GateConfig(
-        variant=args.variant,
-        granularity=args.granularity,
-        init=args.init,
-        top_k=args.top_k,
-        layers=args.layers,
-    )
+    gate = _gate_config(args)
     with staged_folder(output, overwrite=args.overwrite) as staging:  # refuses a busy output first
         model_path = resolve_model(args.model)
         config = transformers.AutoConfig.from_pretrained(model_path)
@@ -102,57 +108,6 @@ def cmd_patch(args) -> None:
     print(f"Added parameters: {added:,}")
     if processor is None:
         print("warning: no tokenizer or image processor found beside the model; none saved", file=sys.stderr)
-
-
-def _layer_statistics(tensors: dict, scale: float) -> dict:
-    """Block -> shapes, mean |value| and the gate at zero input (`scale * sigmoid(bias)`) of `attn_gate`
-    tensors given by state_dict key."""
-    layers = {}
-    for key, tensor in sorted(tensors.items()):
-        block, name = key.split(f".{GATE_MODULE_NAME}.")
-        values = tensor.float()
-        entry = layers.setdefault(block, {})
-        entry[f"{name}_shape"] = list(values.shape)
-        entry[f"{name}_abs_mean"] = values.abs().mean().item()
-        if name == "bias":
-            at_zero = scale * torch.sigmoid(values)
-            entry["gate_at_zero_mean"] = at_zero.mean().item()
-            entry["gate_at_zero_min"] = at_zero.min().item()
-            entry["gate_at_zero_max"] = at_zero.max().item()
-    return layers
-
-
-def gate_statistics(folder: str | Path) -> dict:
-    """What a gated checkpoint contains: layout, gate config, counts and per-layer gate statistics.
-
-    Our checkpoints (`config.json` with `gate_attention`) and the paper's layout (gates packed into `q_proj`,
-    `sharing.layouts`) are read. The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained
-    identity gate).
-    """
-    from .files import read_json
-    from .sharing.card import read_checkpoint
-    from .sharing.layouts import is_paper_config, paper_checkpoint_contents
-    from .sharing.loading import gate_tensors
-
-    config = read_json(Path(folder) / "config.json") or {}
-    if is_paper_config(config):
-        checkpoint = paper_checkpoint_contents(str(folder))
-        tensors, layout = checkpoint.pop("gate_tensors"), "paper"
-    else:
-        checkpoint, tensors, layout = read_checkpoint(folder), gate_tensors(str(folder)), "ours"
-    gate = checkpoint["gate"]
-    return {
-        "layout": layout,
-        "model_type": checkpoint["config"].get("model_type"),
-        "architectures": checkpoint["config"].get("architectures"),
-        "gate": gate.to_dict(),
-        "total_params": checkpoint["total_params"],
-        "added_params": checkpoint["added_params"],
-        "gated_layers": checkpoint["gated_layers"],
-        "gates_are_identity": checkpoint["gates_are_identity"],
-        "trust_remote_code": "auto_map" in checkpoint["config"],
-        "layers": _layer_statistics(tensors, gate.gate_scale),
-    }
 
 
 def _local_folder(name_or_path: str) -> Path:
@@ -191,6 +146,7 @@ def _print_adapter_info(name: str, info: dict) -> None:
 
 def cmd_info(args) -> None:
     from .sharing.adapters import GATE_CONFIG_NAME, adapter_info
+    from .sharing.statistics import checkpoint_statistics
 
     folder = _local_folder(args.checkpoint)
     if (folder / GATE_CONFIG_NAME).is_file():
@@ -200,7 +156,7 @@ def cmd_info(args) -> None:
         else:
             _print_adapter_info(args.checkpoint, info)
         return
-    info = {"kind": "checkpoint", **gate_statistics(folder)}
+    info = {"kind": "checkpoint", **checkpoint_statistics(folder)}
     if args.json:
         print(json.dumps(info, indent=2))
         return
@@ -261,30 +217,12 @@ def _add_card_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", action="append", help="Hub dataset id used for training (repeatable)")
 
 
-def _read_texts(path: str) -> list[str]:
-    """Documents of a `.jsonl` file (field `text` or `document`) or of a text file (one per line)."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"text file {path!r} does not exist")
-    lines = [line for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if file.suffix != ".jsonl":
-        return lines
-    texts = []
-    for number, line in enumerate(lines, 1):
-        row = json.loads(line)
-        text = row.get("text", row.get("document")) if isinstance(row, dict) else None
-        if not isinstance(text, str):
-            raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' or 'document' string")
-        texts.append(text)
-    return texts
-
-
 def _diagnosis_inputs(args, model_path: str) -> list[dict]:
     """The inputs of `diagnose` from --text-file, --dataset or --images, at most --max-inputs, prepared by
     the tokenizer (image processor) of --tokenizer or else of the model."""
     import transformers
 
-    from .diagnostics import image_inputs, text_inputs
+    from .diagnostics import image_inputs, read_texts, text_inputs
     from .offline import resolve_model
 
     model_path = resolve_model(args.tokenizer) if args.tokenizer else model_path
@@ -298,7 +236,7 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
             raise FileNotFoundError(f"image file(s) not found: {', '.join(missing)}")
         return image_inputs(processor, [Image.open(p).convert("RGB") for p in files[: args.max_inputs]])
     if args.text_file:
-        texts = _read_texts(args.text_file)
+        texts = read_texts(args.text_file)
     else:
         from .recipes.summarization.data import load_summarization_dataset
 

@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 import hf_gate_attention
 from hf_gate_attention import GateConfig, gate_config_of, patch
-from hf_gate_attention.cli import gate_statistics, main
+from hf_gate_attention.cli import main
 from hf_gate_attention.sharing.layouts import (
     load_paper_checkpoint,
     ours_to_qwen3_next_attention,
@@ -30,6 +30,7 @@ from hf_gate_attention.sharing.layouts import (
     split_q_proj,
 )
 from hf_gate_attention.sharing.loading import load_model
+from hf_gate_attention.sharing.statistics import checkpoint_statistics
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 32, 4, 2, 8, 2, 99
 GROUP = HEADS // KV_HEADS
@@ -571,14 +572,14 @@ def test_public_names_are_lazy_exports():
 @pytest.mark.parametrize("qkv_bias", [True, False])
 def test_info_and_load_model_read_the_papers_layout_and_its_conversion(paper_checkpoints, tmp_path, qkv_bias):
     folder, config, tensors = paper_checkpoints[("headwise", qkv_bias, True)]
-    paper = gate_statistics(folder)
+    paper = checkpoint_statistics(folder)
     assert paper["layout"] == "paper" and paper["gate"]["init"] == "paper"
     assert paper["total_params"] == sum(t.numel() for t in tensors.values())
     layers, heads, hidden = config["num_hidden_layers"], config["num_attention_heads"], config["hidden_size"]
     assert paper["gated_layers"] == layers
     assert paper["added_params"] == layers * heads * (hidden + qkv_bias)  # gate rows of q_proj (and bias)
     assert main(["convert", str(folder), str(tmp_path / "ours")]) == 0
-    ours = gate_statistics(tmp_path / "ours")
+    ours = checkpoint_statistics(tmp_path / "ours")
     assert ours["layout"] == "ours" and ours["gate"] == paper["gate"]
     assert ours["layers"].keys() == paper["layers"].keys()
     assert all(ours["layers"][block] == paper["layers"][block] for block in ours["layers"])

@@ -3,6 +3,7 @@ through the `hf-gate-attention` command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -222,6 +223,25 @@ def test_cli_patch_info_card(tiny_llama, tmp_path, capsys):
     assert main(["card", str(out), "--repo-id", "me/tiny-gated"]) == 0
     card = (out / "README.md").read_text()
     assert "gated-attention" in card and "me/tiny-gated" in card
+
+
+def test_cli_patch_has_an_option_for_every_gate_config_field(tiny_llama, tmp_path, capsys):
+    """The options are generated from GateConfig's fields: a new field is on the command line at once."""
+    with pytest.raises(SystemExit):
+        main(["patch", "--help"])
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(GateConfig):
+        assert f"--{field.name.replace('_', '-')}" in text and field.metadata["help"][:20] in text
+    out = tmp_path / "sparse"
+    argv = ["patch", str(tiny_llama), str(out), "--top-k", "1", "--top-k-unit", "kv_group", "--init", "paper"]
+    assert main(argv) == 0
+    model = hf_gate_attention.from_pretrained(str(out))
+    expected = GateConfig(top_k=1, top_k_unit="kv_group", init="paper")
+    assert hf_gate_attention.gate_config_of(model) == expected
+    with pytest.raises(SystemExit) as exit_info:
+        main(["patch", str(tiny_llama), str(tmp_path / "x"), "--top-k-unit", "group"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'group' (choose from 'head', 'kv_group')" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -48,18 +48,40 @@ class GateConfig:
             Indices of the layers to gate; `None` gates every self-attention layer.
     """
 
-    variant: str = "output"
-    granularity: str = "headwise"
-    init: str = "identity"
-    top_k: int | None = None
-    top_k_unit: str = "head"
-    layers: tuple[int, ...] | None = field(default=None)
+    # `metadata`: one line of help and the accepted values, from which the command line builds its options
+    variant: str = field(
+        default="output",
+        metadata={
+            "help": "where the gate acts: output (paper G1), value (G2), qk (the article)",
+            "choices": VARIANTS,
+        },
+    )
+    granularity: str = field(
+        default="headwise",
+        metadata={"help": "one gate per head, or per channel of each head", "choices": GRANULARITIES},
+    )
+    init: str = field(
+        default="identity",
+        metadata={
+            "help": "identity: computes the ungated model at first; paper: normal init",
+            "choices": INITS,
+        },
+    )
+    top_k: int | None = field(
+        default=None, metadata={"help": "sparse gating: keep the k largest gates per token (heads or groups)"}
+    )
+    top_k_unit: str = field(
+        default="head",
+        metadata={"help": "what top_k keeps: query heads, or whole key/value groups", "choices": TOP_K_UNITS},
+    )
+    layers: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "indices of the layers to gate, e.g. 0,1,5 (default: all)"}
+    )
 
     def __post_init__(self):
-        _check_choice("variant", self.variant, VARIANTS)
-        _check_choice("granularity", self.granularity, GRANULARITIES)
-        _check_choice("init", self.init, INITS)
-        _check_choice("top_k_unit", self.top_k_unit, TOP_K_UNITS)
+        for option in dataclasses.fields(self):
+            if "choices" in option.metadata:
+                _check_choice(option.name, getattr(self, option.name), option.metadata["choices"])
         if self.top_k is not None and (
             isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
         ):

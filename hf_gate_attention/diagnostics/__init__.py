@@ -2,6 +2,7 @@
 PNG heatmaps, a table) and a Trainer callback that logs them during training."""
 
 from .callback import DiagnosticsCallback
+from .inputs import read_texts
 from .measure import attention_probabilities, diagnose, image_inputs, summarize, text_inputs
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "attention_probabilities",
     "diagnose",
     "image_inputs",
+    "read_texts",
     "summarize",
     "text_inputs",
 ]

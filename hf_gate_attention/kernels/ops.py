@@ -1,8 +1,9 @@
 """Custom ops, autograd and functional API of the Triton kernels, with their input checks.
 
-Layers (as in flash-attention): Triton kernel + launcher (`gated_attention.py`, `gate_multiply.py`) ->
-`torch.library` custom op per direction, with a fake implementation so that `torch.compile` traces through
-it -> one `torch.autograd.Function` per op -> the functional API. The kernel modules are imported on first
+Layers (as in flash-attention): Triton kernel + launcher (`gated_attention.py`, `decode_attention.py`,
+`gate_multiply.py`) -> `torch.library` custom op per direction, with a fake implementation so that
+`torch.compile` traces through it -> one `torch.autograd.Function` per op (not for the forward-only decode
+attention) -> the functional API. The kernel modules are imported on first
 use, so that this module imports without Triton and `TRITON_INTERPRET` may be set until the first call.
 """
 
@@ -14,6 +15,7 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
+MAX_DECODE_QUERIES = 16  # the longest query (positions) `gated_decode_attention` serves
 
 
 def _interpreting() -> bool:
@@ -245,6 +247,92 @@ def gated_flash_attention(
         q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal),
         float(sm_scale),
     )  # fmt: skip
+
+
+# --- Split-KV decode attention (forward only) ---
+
+
+@torch.library.custom_op("hf_gate_attention::gated_decode_attention", mutates_args=())
+def _gated_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
+    gate_scale: float,
+    causal: bool,
+    sm_scale: float,
+    num_chunks: int | None,
+) -> torch.Tensor:
+    _require_triton(q.device)
+    from .decode_attention import decode_attention_forward
+
+    return decode_attention_forward(
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks
+    )
+
+
+@_gated_decode_attention.register_fake
+def _(q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks):
+    batch, heads, length, dim = q.shape
+    return q.new_empty(batch, length, heads, dim)
+
+
+def gated_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None = None,
+    gate_scale: float = 1.0,
+    keep: torch.Tensor | None = None,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    kv_length: torch.Tensor | None = None,
+    num_chunks: int | None = None,
+) -> torch.Tensor:
+    """Split-KV ("flash-decoding") gated attention of a short query (`L <= 16`: decode, speculative or short
+    chunks), the same result as `gated_flash_attention` (`decode_attention.py`).
+
+    The keys are split into chunks, attended in parallel and merged by their log-sum-exp; the gate is applied
+    in the merge. A key/value group that `keep` drops for all its heads and queries is never read, and
+    neither are keys past `kv_length`; both are checked on the device (no host synchronisation: a decode
+    step is capturable in a CUDA graph). Forward only: raises `ValueError` when a gradient is required (use
+    `gated_flash_attention` to train).
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, L, D)`), `L <= 16`; k, v (`torch.Tensor` of shape `(B, KV, S, D)`),
+        gate_logits, gate_scale, keep, causal, key_padding_mask, sm_scale, kv_length: as in
+            `gated_flash_attention`.
+        num_chunks (`int`, *optional*): key chunks per (sequence, group); default chosen from the shapes
+            only (S, B * KV and the GPU's multiprocessor count).
+
+    Returns:
+        `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
+    """
+    _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask, kv_length)
+    if q.shape[2] > MAX_DECODE_QUERIES:
+        raise ValueError(
+            f"gated_decode_attention serves queries of at most {MAX_DECODE_QUERIES} positions, got "
+            f"{q.shape[2]}; use gated_flash_attention"
+        )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gate_logits)):
+        raise ValueError(
+            "gated_decode_attention is forward only (inference) but a gradient is required; use "
+            "gated_flash_attention, or run under torch.no_grad()"
+        )
+    if num_chunks is not None and num_chunks < 1:
+        raise ValueError(f"num_chunks must be a positive int or None, got {num_chunks}")
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    args = (q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal))
+    if torch.compiler.is_compiling():  # the custom op traces; in eager the launcher skips its dispatch
+        return _gated_decode_attention(*args, float(sm_scale), num_chunks)
+    _require_triton(q.device)
+    from .decode_attention import decode_attention_forward
+
+    return decode_attention_forward(*args, float(sm_scale), num_chunks)
 
 
 # --- Fused sigmoid-gate-multiply ---

@@ -1,5 +1,5 @@
-"""The split-KV decode kernel (`gated_decode_attention`) against the float64 reference (the flash kernel's
-`kv_length`: test_kernels.py).
+"""The split-KV decode kernel (`gated_decode_attention`) against the float64 reference, and a tiny Llama on
+backend "triton" with static caches and top-k decoding (the flash kernel's `kv_length`: test_kernels.py).
 
 The kernels run through Triton's interpreter on CPU (blocks of 16 keys, row blocks of 16), so small shapes
 span several chunks, several row blocks and partial blocks. Tolerance as in test_kernels.py: at most twice
@@ -15,6 +15,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 
 import pytest
 import torch
+import transformers
+from helpers import tiny_inputs, tiny_model
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
@@ -30,6 +32,7 @@ from test_kernels import (  # noqa: F401 (_bfloat16_rounds_to_nearest: an autous
     guarded,
 )
 
+from hf_gate_attention import GateConfig, patch
 from hf_gate_attention.kernels import gated_attention_reference, gated_decode_attention
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=REASON)
@@ -182,3 +185,80 @@ def test_decode_refuses_gradients_long_queries_and_bad_lengths():
         decode({"q": q, "k": q[:, :1], "v": q[:, :1]}, True)
     with pytest.raises(ValueError, match=r"kv_length must be an int32 or int64 tensor of shape \(B,\)"):
         decode({**inputs, "q": inputs["q"].detach(), "kv_length": torch.tensor([1.0])}, True)
+
+
+# --- backend "triton" on a tiny Llama: static caches and top-k decode ---
+
+GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}  # 3 groups of 2 heads
+
+
+def _gated_llama(backend: str, variant: str = "output", **options):
+    model = tiny_model("llama", **GQA)
+    torch.manual_seed(7)  # the same gate weights on both backends
+    config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group")
+    return patch(model, config, backend=backend, **options)
+
+
+def _padded_prompt(length: int) -> dict:
+    inputs = tiny_inputs("llama", batch=2, length=length)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs["attention_mask"][1, :3] = 0  # left padding, as for batched generation
+    return inputs
+
+
+@pytest.mark.parametrize("variant", ["output", "qk"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache):
+    inputs = _padded_prompt(7)
+    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "output_scores": True}
+    settings["return_dict_in_generate"] = True
+    if cache == "static":
+        settings["cache_implementation"] = "static"
+    results = []
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        with torch.no_grad():
+            results.append(_gated_llama(backend, variant, **options).generate(**inputs, **settings))
+    expected, generated = results
+    assert torch.equal(generated.sequences, expected.sequences)
+    scores, expected_scores = torch.stack(generated.scores), torch.stack(expected.scores)  # (new, B, V)
+    torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])  # without an attention mask, and left padded
+@pytest.mark.parametrize("length", [9, 20])  # the decode kernel (<= 16 queries), the flash kernel
+def test_static_cache_prefill_on_triton_equals_torch(length, padded):
+    """Regression: a StaticCache hands the attention all `max_cache_len` slots; the causal window must end at
+    the filled length, not at the end of the cache (logits were off by 0.1 to 0.8)."""
+    inputs = _padded_prompt(length)
+    if not padded:
+        del inputs["attention_mask"]
+    logits = []
+    for backend in ("torch", "triton"):
+        model = _gated_llama(backend)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        with torch.no_grad():
+            logits.append(model(**inputs, cache=cache, use_cache=True).logits)
+    real = inputs["attention_mask"].bool() if padded else slice(None)
+    torch.testing.assert_close(logits[1][real], logits[0][real], atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_static_cache_decode_steps_equal_the_reference():
+    """Decode steps on a StaticCache under `torch.compile(fullgraph=True)`: the filled length reaches the
+    decode kernel as a tensor, without a graph break (no host synchronisation in the traced step)."""
+    torch._dynamo.reset()
+    prompt = tiny_inputs("llama", batch=2, length=7)
+    steps = {}
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        model = _gated_llama(backend, **options)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        step = torch.compile(model, fullgraph=True, backend="aot_eager") if backend == "triton" else model
+        with torch.no_grad():
+            ids = model(**prompt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            steps[backend] = []
+            for _ in range(3):
+                logits = step(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+                steps[backend].append(logits)
+                ids = logits.argmax(-1, keepdim=True)
+    torch.testing.assert_close(
+        torch.stack(steps["triton"]), torch.stack(steps["torch"]), atol=1e-5, rtol=1e-5
+    )

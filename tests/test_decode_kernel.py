@@ -206,6 +206,26 @@ def _padded_prompt(length: int) -> dict:
     return inputs
 
 
+def test_key_mask_passes_the_filled_length_of_static_caches():
+    """The mask function of backend "triton": a bool key padding mask (or None) when every key exists; with a
+    static cache's unfilled slots, the filled length at each attended key (0 elsewhere), on the device."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+    from hf_gate_attention.kernels.backends import key_mask
+
+    padded = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    causal = {"mask_function": causal_mask_function}
+    assert torch.equal(key_mask(2, 4, 4, 0, attention_mask=padded, **causal), padded)  # no cache, dynamic
+    assert key_mask(2, 1, 4, 3, **causal) is None
+    static_prefill = key_mask(2, 4, 6, 0, attention_mask=padded, **causal)  # generate's mask: 4 of 6 slots
+    assert torch.equal(static_prefill, torch.tensor([[0, 4, 4, 4, 0, 0], [4, 4, 4, 4, 0, 0]]))
+    position = torch.tensor(4)  # the cache's own position tensor: the mask stays on the device
+    assert torch.equal(key_mask(1, 1, 6, position, **causal), torch.tensor([[5, 5, 5, 5, 5, 0]]))
+    # an encoder with more keys than queries (prefix tuning): every key exists
+    prefixed = torch.ones(1, 6, dtype=torch.bool)
+    assert key_mask(1, 4, 6, 0, attention_mask=prefixed, mask_function=bidirectional_mask_function) is None
+
+
 @pytest.mark.parametrize("variant", ["output", "qk"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache):

@@ -92,10 +92,12 @@ def key_mask(
     attention all its `S = max_cache_len` slots, filled only up to `q_offset + q_length` (`q_offset`: the
     cache's own position tensor): then an int64 `(B, S)` tensor, that filled length at each key to attend
     and 0 elsewhere, so that the kernels get the filled length on the device (`_key_mask_and_length`)."""
-    from transformers.masking_utils import flash_attention_mask
+    from transformers.masking_utils import bidirectional_mask_function, flash_attention_mask
 
     filled = q_offset + q_length
-    if not isinstance(filled, torch.Tensor) and filled >= kv_length:  # every slot is filled
+    # every key exists: no cache or a dynamic one; encoders (prefix tuning has more keys than queries there)
+    every_key = not isinstance(filled, torch.Tensor) and filled >= kv_length
+    if every_key or kwargs.get("mask_function") is bidirectional_mask_function:
         return flash_attention_mask(
             batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
         )

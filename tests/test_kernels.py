@@ -180,6 +180,30 @@ def test_gated_flash_attention_takes_strided_inputs():
     )
 
 
+def test_flash_kernel_respects_kv_length_forward_and_backward():
+    """The flash kernel (prefill, training) with a partly filled static cache: keys past kv_length (NaN) are
+    never read, the causal window ends at the filled length, their gradients are 0."""
+    q = torch.randn(2, 4, 19, 32, device=DEVICE)
+    k, v = torch.randn(2, 2, 2, 45, 32, device=DEVICE)
+    gate_logits = torch.randn(2, 19, 4, 1, device=DEVICE)
+    kv_length = torch.tensor([19, 34], device=DEVICE)
+    grad_out = torch.randn(2, 19, 4, 32, device=DEVICE)
+    kwargs = {"gate_scale": 2.0, "causal": True, "kv_length": kv_length}
+    poisoned_k, poisoned_v = k.clone(), v.clone()
+    for b, filled in enumerate(kv_length.tolist()):
+        poisoned_k[b, :, filled:] = float("nan")
+        poisoned_v[b, :, filled:] = float("nan")
+    poisoned = [q, poisoned_k, poisoned_v, gate_logits]
+    out, grads = run_with_grads(gated_flash_attention, poisoned, grad_out, **kwargs)
+    clean = [t.double() for t in (q, k, v, gate_logits)]
+    ref, ref_grads = run_with_grads(gated_attention_reference, clean, grad_out, **kwargs)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    for name, grad, ref_grad in zip(("dq", "dk", "dv", "dz"), grads, ref_grads, strict=True):
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad.double(), ref_grad, atol=1e-5, rtol=1e-5, msg=name)
+    assert not grads[1][0, :, 19:].any() and not grads[2][1, :, 34:].any()
+
+
 def test_top_k_skips_dropped_tiles():
     """A (query block, head) tile whose keep values are all 0 is never computed: NaN queries there reach
     neither the output nor any gradient, and the rest is exact."""
@@ -365,14 +389,16 @@ def _op_inputs():
 def test_custom_ops_pass_opcheck():
     ops = torch.ops.hf_gate_attention
     q, k, v, gate_logits, keep, mask = _op_inputs()
-    out, lse = ops.gated_attention_fwd(q, k, v, gate_logits, keep, mask, 2.0, True, 0.125)
+    kv_length = torch.tensor([15], device=DEVICE)
+    out, lse = ops.gated_attention_fwd(q, k, v, gate_logits, keep, mask, kv_length, 2.0, True, 0.125)
     grad_out = torch.randn_like(out)
     values = torch.randn(3, 5, 2, 32, device=DEVICE)
     logits = torch.randn(3, 5, 2, 32, device=DEVICE)
+    backward_args = (grad_out, q, k, v, gate_logits, keep, mask, kv_length, out, lse, 2.0, True, 0.125)
     for op, args in [
-        (ops.gated_attention_fwd, (q, k, v, gate_logits, keep, mask, 2.0, True, 0.125)),
-        (ops.gated_attention_fwd, (q, k, v, None, None, None, 1.0, False, 0.125)),
-        (ops.gated_attention_bwd, (grad_out, q, k, v, gate_logits, keep, mask, out, lse, 2.0, True, 0.125)),
+        (ops.gated_attention_fwd, (q, k, v, gate_logits, keep, mask, kv_length, 2.0, True, 0.125)),
+        (ops.gated_attention_fwd, (q, k, v, None, None, None, None, 1.0, False, 0.125)),
+        (ops.gated_attention_bwd, backward_args),
         (ops.sigmoid_gate_multiply_fwd, (values, logits, None, 2.0)),
         (ops.sigmoid_gate_multiply_bwd, (values, values, logits, None, 2.0)),
     ]:

@@ -8,7 +8,9 @@
 - `"triton"`: our flash attention with the gate in its epilogue (`gated_attention.py`), through the attention
   implementation `hf_gate_attention_triton` registered on that instance: the least memory (no ungated copy of
   the attention output is kept), and with `top_k` it skips the tiles of dropped heads. Slower than the vendor
-  kernels at dense attention (benchmarks/results/gpu.md).
+  kernels at dense attention (benchmarks/results/gpu.md). Queries of at most 16 positions without gradients
+  (decode) run the split-KV decode kernel (`decode_attention.py`), which never reads dropped groups' cache.
+  With a static cache, the filled length reaches both kernels through the mask (`key_mask`), on the device.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import sys
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
 from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
-from .ops import gate_multiply_unchecked
+from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
@@ -68,10 +71,49 @@ def _attention_unavailable(config: GateConfig, model_config, head_dim: int, weig
 def register_attention_implementation() -> None:
     """Make `hf_gate_attention_triton` a transformers attention implementation (idempotent)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, fused_attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attention_mask)  # (B, S) key padding or None
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, key_mask)
+
+
+def key_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset=0,
+    kv_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | None:
+    """The mask transformers builds for `fused_attention_forward` (an `AttentionMaskInterface` function).
+
+    As `flash_attention_mask`: `None`, or the `(B, S)` bool key padding mask. But a static cache hands the
+    attention all its `S = max_cache_len` slots, filled only up to `q_offset + q_length` (`q_offset`: the
+    cache's own position tensor): then an int64 `(B, S)` tensor, that filled length at each key to attend
+    and 0 elsewhere, so that the kernels get the filled length on the device (`_key_mask_and_length`)."""
+    from transformers.masking_utils import bidirectional_mask_function, flash_attention_mask
+
+    filled = q_offset + q_length
+    # every key exists: no cache or a dynamic one; encoders (prefix tuning has more keys than queries there)
+    every_key = not isinstance(filled, torch.Tensor) and filled >= kv_length
+    if every_key or kwargs.get("mask_function") is bidirectional_mask_function:
+        return flash_attention_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
+        )
+    attend = torch.arange(kv_length, device=kwargs.get("device", "cpu")) < filled  # (S,)
+    attend = attend.expand(batch_size, kv_length)  # (B, S)
+    if attention_mask is not None:  # (B, slots up to now) from generate: padding slots are False
+        padding = attention_mask[:, -kv_length:].bool()
+        attend = attend & F.pad(padding, (0, kv_length - padding.shape[-1]))
+    return torch.where(attend, filled, 0)
+
+
+def _key_mask_and_length(attention_mask: torch.Tensor | None):
+    """`(key padding mask (B, S) bool or None, kv_length (B,) or None)` from what `key_mask` built."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask, None
+    return attention_mask > 0, attention_mask.amax(-1)  # a static cache's filled length, on the device
 
 
 def fused_attention_forward(
@@ -84,8 +126,11 @@ def fused_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ):
-    """Attention function of patched models: query (B, H, L, D), key/value (B, KV, S, D) -> (B, L, H, D)."""
-    from . import gated_flash_attention
+    """Attention function of patched models: query (B, H, L, D), key/value (B, KV, S, D) -> (B, L, H, D).
+
+    Short queries that need no gradient (decode) run the split-KV decode kernel, the others the flash
+    kernel; `attention_mask` is what `key_mask` built."""
+    from . import gated_decode_attention, gated_flash_attention
 
     if dropout > 0:
         raise ValueError(
@@ -98,7 +143,13 @@ def fused_attention_forward(
         query, key, value = (t.to(dtype) for t in (query, key, value))
     block_patch = BLOCK_PATCHES.get(module)
     logits, keep, scale = (None, None, 1.0) if block_patch is None else block_patch.take_gate_logits()
-    out = gated_flash_attention(
+    key_padding_mask, kv_length = _key_mask_and_length(attention_mask)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, logits)
+    )
+    short = query.shape[2] <= MAX_DECODE_QUERIES and not needs_grad
+    attention = gated_decode_attention if short else gated_flash_attention
+    out = attention(
         query,
         key,
         value,
@@ -106,8 +157,9 @@ def fused_attention_forward(
         gate_scale=scale,
         keep=keep,
         causal=bool(getattr(module, "is_causal", False)),
-        key_padding_mask=None if attention_mask is None else attention_mask.bool(),
+        key_padding_mask=key_padding_mask,
         sm_scale=scaling,
+        kv_length=kv_length,
     )
     return out, None
 

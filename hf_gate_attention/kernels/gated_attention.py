@@ -19,9 +19,11 @@ accumulates dQ. Both recompute `dA = dout * g` from the gate logits and skip the
 whose `keep` values are all 0.
 
 Layouts: q `(B, H, L, D)`, k/v `(B, KV, S, D)` with any strides and unit stride on D; out/dout `(B, L, H, D)`,
-z `(B, L, H, w)`, keep `(B, L, H)`, key padding mask `(B, S)` int8, lse/delta `(B, H, L)` float32, dq/dk/dv
-like q/k/v, all contiguous. Causal: query `i` sees key `j <= i + S - L`. Rows without a visible key give 0
-and `lse = +inf`.
+z `(B, L, H, w)`, keep `(B, L, H)`, key padding mask `(B, S)` int8, kv_length `(B,)` or `(1,)` int64,
+lse/delta `(B, H, L)` float32, dq/dk/dv like q/k/v, all contiguous. `kv_length` (a static cache's filled
+length, read on the device): only keys `j < kv_length` exist, the others are never loaded (their dk, dv are
+0); without it every key exists (`kv_length = S`). Causal: query `i` sees key `j <= i + kv_length - L`. Rows
+without a visible key give 0 and `lse = +inf`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ def _configs(gpu_blocks: tuple[tuple[int, int, int, int], ...]) -> list[triton.C
 # first forward + backward + generate of a small model on an H200).
 _TUNING_KEY = ["BLOCK_D", "CAUSAL"]
 _PREPROCESS_BLOCK_M = INTERPRET_BLOCK if INTERPRET else 32
+
+
+@triton.jit
+def filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN: tl.constexpr):
+    """The number of keys of sequence `b` that exist: `kv_length[b]` clamped to `[0, S]`, or `S`."""
+    filled = S
+    if HAS_KV_LEN:
+        filled = tl.minimum(tl.maximum(tl.load(KV_LEN + b * stride_kvl), 0), S).to(tl.int32)
+    return filled
 
 
 @triton.jit
@@ -111,7 +122,7 @@ def _kept_key_range(
 
 
 @triton.jit
-def _fwd_key_blocks(
+def fwd_key_blocks(
     acc,
     l_i,
     m_i,
@@ -136,8 +147,9 @@ def _fwd_key_blocks(
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax of one query tile over the key blocks `[start, end)`: `acc (BLOCK_M, BLOCK_D)`, the
-    running sums `l_i` and maxima `m_i (BLOCK_M,)` of the base-2 scores, all float32."""
+    """Online softmax of one query tile over the key blocks `[start, end)` of the `S` keys that exist (`S`:
+    the filled length): `acc (BLOCK_M, BLOCK_D)`, the running sums `l_i` and maxima `m_i (BLOCK_M,)` of the
+    base-2 scores, all float32. `KPM` points at the sequence's row."""
     for start_n in range(start, end, offs_n.shape[0]):
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         col_ok = cols < S
@@ -173,6 +185,7 @@ def _gated_attention_fwd_kernel(
     Z,
     KEEP,
     KPM,
+    KV_LEN,
     OUT,
     LSE,
     stride_qb,
@@ -184,6 +197,7 @@ def _gated_attention_fwd_kernel(
     stride_vb,
     stride_vh,
     stride_vs,
+    stride_kvl,
     H,
     L,
     S,
@@ -193,6 +207,7 @@ def _gated_attention_fwd_kernel(
     gate_scale,
     CAUSAL: tl.constexpr,
     HAS_KPM: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
     HAS_GATE: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     ELEMENTWISE: tl.constexpr,
@@ -209,8 +224,11 @@ def _gated_attention_fwd_kernel(
     OUT += column * D
     Z += column * (D if ELEMENTWISE else 1)
     KEEP += column
+    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
     # top-k: a tile of dropped heads only computes nothing
-    full_end, end = _kept_key_range(KEEP, gate_row, row_ok, start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP)
+    full_end, end = _kept_key_range(
+        KEEP, gate_row, row_ok, start_m, L, filled, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP
+    )
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
@@ -221,13 +239,13 @@ def _gated_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    acc, l_i, m_i = _fwd_key_blocks(
-        acc, l_i, m_i, q, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, 0, full_end, L, S,
-        qk_scale, False, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+    acc, l_i, m_i = fwd_key_blocks(
+        acc, l_i, m_i, q, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, 0, full_end, L,
+        filled, qk_scale, False, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
-    acc, l_i, m_i = _fwd_key_blocks(
-        acc, l_i, m_i, q, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, full_end, end, L, S,
-        qk_scale, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+    acc, l_i, m_i = fwd_key_blocks(
+        acc, l_i, m_i, q, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, full_end, end, L,
+        filled, qk_scale, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
 
     has_key = l_i > 0
@@ -314,8 +332,8 @@ def _dkdv_query_blocks(
     """Accumulate `dk, dv (BLOCK_N, BLOCK_D)` of one key tile over the query blocks `[start, end)` of one
     head: `Q`, `LSE`, `DELTA` point at its (b, h) rows, `DOUT`, `Z`, `KEEP` at its element (b, 0, h).
 
-    Key columns past S or padded are not masked: each column only feeds its own dk/dv rows, which the caller
-    drops."""
+    Key columns past the filled length `S` or padded are not masked: each column only feeds its own dk/dv
+    rows, which the caller drops or zeroes."""
     for start_m in range(start, end, offs_m.shape[0]):
         rows = start_m + offs_m  # (BLOCK_M,) query positions
         row_ok = rows < L
@@ -356,6 +374,7 @@ def _gated_attention_bwd_dkdv_kernel(
     Z,
     KEEP,
     KPM,
+    KV_LEN,
     DOUT,
     LSE,
     DELTA,
@@ -370,6 +389,7 @@ def _gated_attention_bwd_dkdv_kernel(
     stride_vb,
     stride_vh,
     stride_vs,
+    stride_kvl,
     H,
     L,
     S,
@@ -379,6 +399,7 @@ def _gated_attention_bwd_dkdv_kernel(
     gate_scale,
     CAUSAL: tl.constexpr,
     HAS_KPM: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
     HAS_GATE: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     ELEMENTWISE: tl.constexpr,
@@ -396,21 +417,26 @@ def _gated_attention_bwd_dkdv_kernel(
     cols = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
     col_ok = cols < S
     dim_ok = offs_d < D
     tile_ok = col_ok[:, None] & dim_ok[None, :]
+    load_ok = (cols < filled)[:, None] & dim_ok[None, :]  # keys past the filled length are never read
     k_ptrs = K + b * stride_kb + kvh * stride_kh + cols[:, None] * stride_ks + offs_d[None, :]
     v_ptrs = V + b * stride_vb + kvh * stride_vh + cols[:, None] * stride_vs + offs_d[None, :]
-    k = tl.load(k_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_N, BLOCK_D)
-    v = tl.load(v_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)
+    k = tl.load(k_ptrs, mask=load_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_N, BLOCK_D)
+    v = tl.load(v_ptrs, mask=load_ok, other=0.0).to(DOT_DTYPE)
 
     # Query blocks that see a key of this block: [start, L); those before full_start need the causal mask.
     start = 0
     full_start = 0
     if CAUSAL:
-        start = tl.maximum(start_n - (S - L), 0) // BLOCK_M * BLOCK_M
-        full_start = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - (S - L), 0), BLOCK_M) * BLOCK_M
+        start = tl.maximum(start_n - (filled - L), 0) // BLOCK_M * BLOCK_M
+        full_start = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - (filled - L), 0), BLOCK_M) * BLOCK_M
         full_start = tl.maximum(tl.minimum(full_start, L), start)
+    if HAS_KV_LEN:  # a block past the filled length only has no gradient
+        start = tl.where(start_n < filled, start, L)
+        full_start = tl.where(start_n < filled, full_start, L)
     if HAS_KPM:  # a block of padded keys only has no gradient
         attend = tl.load(KPM + b * S + cols, mask=col_ok, other=0) != 0  # (BLOCK_N,)
         any_attended = tl.max(attend.to(tl.int32), 0) > 0
@@ -430,17 +456,20 @@ def _gated_attention_bwd_dkdv_kernel(
         keep_head = KEEP + column
         dk, dv = _dkdv_query_blocks(
             dk, dv, k, v, q_head, dout_head, z_head, keep_head, lse_head, delta_head, cols, offs_m, offs_d,
-            dim_ok, stride_ql, H, L, S, D, start, full_start, qk_scale, gate_scale, True, HAS_GATE, HAS_KEEP,
-            ELEMENTWISE, DOT_DTYPE, DOT_PRECISION,
+            dim_ok, stride_ql, H, L, filled, D, start, full_start, qk_scale, gate_scale, True, HAS_GATE,
+            HAS_KEEP, ELEMENTWISE, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
         dk, dv = _dkdv_query_blocks(
             dk, dv, k, v, q_head, dout_head, z_head, keep_head, lse_head, delta_head, cols, offs_m, offs_d,
-            dim_ok, stride_ql, H, L, S, D, full_start, L, qk_scale, gate_scale, False, HAS_GATE, HAS_KEEP,
-            ELEMENTWISE, DOT_DTYPE, DOT_PRECISION,
+            dim_ok, stride_ql, H, L, filled, D, full_start, L, qk_scale, gate_scale, False, HAS_GATE,
+            HAS_KEEP, ELEMENTWISE, DOT_DTYPE, DOT_PRECISION,
         )  # fmt: skip
     if HAS_KPM:  # padded keys get no gradient
         dk = tl.where(attend[:, None], dk, 0.0)
         dv = tl.where(attend[:, None], dv, 0.0)
+    if HAS_KV_LEN:  # nor do keys past the filled length
+        dk = tl.where(cols[:, None] < filled, dk, 0.0)
+        dv = tl.where(cols[:, None] < filled, dv, 0.0)
     offsets = cols[:, None] * D + offs_d[None, :]
     DK += bkv * S * D
     DV += bkv * S * D
@@ -507,6 +536,7 @@ def _gated_attention_bwd_dq_kernel(
     Z,
     KEEP,
     KPM,
+    KV_LEN,
     DOUT,
     LSE,
     DELTA,
@@ -520,6 +550,7 @@ def _gated_attention_bwd_dq_kernel(
     stride_vb,
     stride_vh,
     stride_vs,
+    stride_kvl,
     H,
     L,
     S,
@@ -529,6 +560,7 @@ def _gated_attention_bwd_dq_kernel(
     gate_scale,
     CAUSAL: tl.constexpr,
     HAS_KPM: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
     HAS_GATE: tl.constexpr,
     HAS_KEEP: tl.constexpr,
     ELEMENTWISE: tl.constexpr,
@@ -545,8 +577,11 @@ def _gated_attention_bwd_dq_kernel(
     DOUT += column * D
     Z += column * (D if ELEMENTWISE else 1)
     KEEP += column
+    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
     # top-k: a tile of dropped heads only has dA = 0, so dq = 0
-    full_end, end = _kept_key_range(KEEP, gate_row, row_ok, start_m, L, S, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP)
+    full_end, end = _kept_key_range(
+        KEEP, gate_row, row_ok, start_m, L, filled, BLOCK_M, BLOCK_N, CAUSAL, HAS_KEEP
+    )
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=tile_ok, other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
@@ -566,37 +601,59 @@ def _gated_attention_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _dq_key_blocks(
         dq, q, do, lse, delta, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, 0, full_end, L,
-        S, qk_scale, False, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+        filled, qk_scale, False, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
     dq = _dq_key_blocks(
         dq, q, do, lse, delta, K, V, KPM, rows, offs_n, offs_d, dim_ok, stride_ks, stride_vs, full_end, end,
-        L, S, qk_scale, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+        L, filled, qk_scale, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
     dq_ptrs = DQ + bh * L * D + rows[:, None] * D + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=tile_ok)
 
 
-def _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, causal):
+def dot_flags(dtype: torch.dtype) -> dict:
+    """The tl.dot operand dtype and precision for inputs of `dtype`: the interpreter multiplies bfloat16
+    wrongly, so it gets float32 (16-bit products are exact in float32: the GPU's float32-accumulating dot
+    gives the same); float32 in full precision."""
+    return {
+        "DOT_DTYPE": tl.float32 if INTERPRET else _TL_DTYPES[dtype],
+        "DOT_PRECISION": "ieee" if INTERPRET or dtype == torch.float32 else "tf32",
+    }
+
+
+def optional_operands(q, gate_logits, keep, key_padding_mask, kv_length):
+    """The optional inputs in kernel layout (an absent one is passed as q, never read), the stride of
+    kv_length (0 when one length serves the batch) and their compile-time flags."""
+    z = gate_logits.contiguous() if gate_logits is not None else q
+    keep_ = keep.contiguous() if keep is not None else q
+    kpm = key_padding_mask.contiguous().view(torch.int8) if key_padding_mask is not None else q
+    kv_len = kv_length.contiguous() if kv_length is not None else q
+    stride_kvl = 1 if kv_length is not None and kv_length.shape[0] > 1 else 0
+    flags = {
+        "HAS_KPM": key_padding_mask is not None,
+        "HAS_KV_LEN": kv_length is not None,
+        "HAS_GATE": gate_logits is not None,
+        "HAS_KEEP": keep is not None,
+        "ELEMENTWISE": gate_logits is not None and gate_logits.shape[-1] != 1,
+    }
+    return (z, keep_, kpm, kv_len), stride_kvl, flags
+
+
+def _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, kv_length, causal):
     """Inputs in kernel layout; their strides and the sizes; the compile-time flags of all kernels."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     heads, length, dim = q.shape[1:]
     kv_heads, keys = k.shape[1:3]
-    # absent optional inputs are passed as q, never read
-    z = gate_logits.contiguous() if gate_logits is not None else q
-    keep_ = keep.contiguous() if keep is not None else q
-    kpm = key_padding_mask.contiguous().view(torch.int8) if key_padding_mask is not None else q
-    tensors = (q, k, v, z, keep_, kpm)
-    sizes = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], heads, length, keys, dim, heads // kv_heads)
+    optional, stride_kvl, flags = optional_operands(q, gate_logits, keep, key_padding_mask, kv_length)
+    tensors = (q, k, v, *optional)
+    sizes = (
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], stride_kvl, heads, length, keys, dim,
+        heads // kv_heads,
+    )  # fmt: skip
     flags = {
         "CAUSAL": causal,
-        "HAS_KPM": key_padding_mask is not None,
-        "HAS_GATE": gate_logits is not None,
-        "HAS_KEEP": keep is not None,
-        "ELEMENTWISE": gate_logits is not None and gate_logits.shape[-1] != 1,
-        # tl.dot operands: the interpreter multiplies bfloat16 wrongly, so it gets float32 (16-bit products
-        # are exact in float32: the GPU's float32-accumulating dot gives the same); float32 in full precision
-        "DOT_DTYPE": tl.float32 if INTERPRET else _TL_DTYPES[q.dtype],
-        "DOT_PRECISION": "ieee" if INTERPRET or q.dtype == torch.float32 else "tf32",
+        **flags,
+        **dot_flags(q.dtype),
         "BLOCK_D": max(16, triton.next_power_of_2(dim)),
     }
     return tensors, sizes, flags
@@ -609,6 +666,7 @@ def gated_attention_forward(
     gate_logits: torch.Tensor | None,
     keep: torch.Tensor | None,
     key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
     gate_scale: float,
     causal: bool,
     sm_scale: float,
@@ -620,7 +678,7 @@ def gated_attention_forward(
         float32, `+inf` for rows without a visible key).
     """
     batch, heads, length, dim = q.shape
-    tensors, sizes, flags = _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, causal)
+    tensors, sizes, flags = _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, kv_length, causal)
     out = torch.empty(batch, length, heads, dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, length, dtype=torch.float32, device=q.device)
     grid = lambda meta: (triton.cdiv(length, meta["BLOCK_M"]), batch * heads)  # noqa: E731
@@ -636,6 +694,7 @@ def gated_attention_backward(
     gate_logits: torch.Tensor | None,
     keep: torch.Tensor | None,
     key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
     gate_scale: float,
@@ -650,7 +709,7 @@ def gated_attention_backward(
     """
     batch, heads, length, dim = q.shape
     kv_heads, keys = k.shape[1:3]
-    tensors, sizes, flags = _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, causal)
+    tensors, sizes, flags = _kernel_operands(q, k, v, gate_logits, keep, key_padding_mask, kv_length, causal)
     z = tensors[3]
     grad_out = grad_out.contiguous()
     grad_logits = torch.empty_like(z) if gate_logits is not None else None

@@ -1,8 +1,9 @@
 """Custom ops, autograd and functional API of the Triton kernels, with their input checks.
 
-Layers (as in flash-attention): Triton kernel + launcher (`gated_attention.py`, `gate_multiply.py`) ->
-`torch.library` custom op per direction, with a fake implementation so that `torch.compile` traces through
-it -> one `torch.autograd.Function` per op -> the functional API. The kernel modules are imported on first
+Layers (as in flash-attention): Triton kernel + launcher (`gated_attention.py`, `decode_attention.py`,
+`gate_multiply.py`) -> `torch.library` custom op per direction, with a fake implementation so that
+`torch.compile` traces through it -> one `torch.autograd.Function` per op (not for the forward-only decode
+attention) -> the functional API. The kernel modules are imported on first
 use, so that this module imports without Triton and `TRITON_INTERPRET` may be set until the first call.
 """
 
@@ -14,6 +15,7 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
+MAX_DECODE_QUERIES = 16  # the longest query (positions) `gated_decode_attention` serves
 
 
 def _interpreting() -> bool:
@@ -80,6 +82,7 @@ def _gated_attention_fwd(
     gate_logits: torch.Tensor | None,
     keep: torch.Tensor | None,
     key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
     gate_scale: float,
     causal: bool,
     sm_scale: float,
@@ -87,11 +90,13 @@ def _gated_attention_fwd(
     _require_triton(q.device)
     from .gated_attention import gated_attention_forward
 
-    return gated_attention_forward(q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale)
+    return gated_attention_forward(
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale
+    )
 
 
 @_gated_attention_fwd.register_fake
-def _(q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale):
+def _(q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale):
     batch, heads, length, dim = q.shape
     out = q.new_empty(batch, length, heads, dim)
     lse = q.new_empty(batch, heads, length, dtype=torch.float32)
@@ -107,6 +112,7 @@ def _gated_attention_bwd(
     gate_logits: torch.Tensor | None,
     keep: torch.Tensor | None,
     key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor,
     gate_scale: float,
@@ -118,13 +124,16 @@ def _gated_attention_bwd(
     from .gated_attention import gated_attention_backward
 
     grad_q, grad_k, grad_v, grad_logits = gated_attention_backward(
-        grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, gate_scale, causal, sm_scale
-    )
+        grad_out, q, k, v, gate_logits, keep, key_padding_mask, kv_length, out, lse, gate_scale, causal,
+        sm_scale,
+    )  # fmt: skip
     return grad_q, grad_k, grad_v, grad_logits if grad_logits is not None else q.new_empty(0)
 
 
 @_gated_attention_bwd.register_fake
-def _(grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, gate_scale, causal, sm_scale):
+def _(
+    grad_out, q, k, v, gate_logits, keep, key_padding_mask, kv_length, out, lse, gate_scale, causal, sm_scale
+):
     grad_logits = gate_logits.new_empty(gate_logits.shape) if gate_logits is not None else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_logits
 
@@ -133,26 +142,26 @@ class GatedFlashAttention(torch.autograd.Function):
     """Autograd of the fused gated attention: saves the inputs, the gated output and the log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale):
+    def forward(ctx, q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale):
         out, lse = _gated_attention_fwd(
-            q, k, v, gate_logits, keep, key_padding_mask, gate_scale, causal, sm_scale
+            q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale
         )
-        ctx.save_for_backward(q, k, v, gate_logits, keep, key_padding_mask, out, lse)
+        ctx.save_for_backward(q, k, v, gate_logits, keep, key_padding_mask, kv_length, out, lse)
         ctx.gate_scale, ctx.causal, ctx.sm_scale = gate_scale, causal, sm_scale
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, gate_logits, keep, key_padding_mask, out, lse = ctx.saved_tensors
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, out, lse = ctx.saved_tensors
         grad_q, grad_k, grad_v, grad_logits = _gated_attention_bwd(
-            grad_out, q, k, v, gate_logits, keep, key_padding_mask, out, lse, ctx.gate_scale, ctx.causal,
-            ctx.sm_scale,
+            grad_out, q, k, v, gate_logits, keep, key_padding_mask, kv_length, out, lse, ctx.gate_scale,
+            ctx.causal, ctx.sm_scale,
         )  # fmt: skip
         grad_logits = grad_logits if gate_logits is not None else None
-        return grad_q, grad_k, grad_v, grad_logits, None, None, None, None, None
+        return grad_q, grad_k, grad_v, grad_logits, None, None, None, None, None, None
 
 
-def _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask) -> None:
+def _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask, kv_length) -> None:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
         raise ValueError(
             f"expected q (B, H, L, D) and k, v (B, KV, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -186,6 +195,15 @@ def _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask) -> Non
             f"key_padding_mask must be a bool tensor of shape (B, S) = {(batch, keys)}; got "
             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
         )
+    if kv_length is not None and (
+        kv_length.dtype not in (torch.int32, torch.int64)
+        or kv_length.shape not in ((batch,), (1,))
+        or kv_length.device != q.device
+    ):
+        raise ValueError(
+            f"kv_length must be an int32 or int64 tensor of shape (B,) = ({batch},) or (1,) on q's device "
+            f"({q.device}); got {kv_length.dtype} {tuple(kv_length.shape)} on {kv_length.device}"
+        )
 
 
 def gated_flash_attention(
@@ -198,6 +216,7 @@ def gated_flash_attention(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
+    kv_length: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused gated flash attention: `softmax(q k^T * sm_scale) v * gate_scale * sigmoid(gate_logits) * keep`.
 
@@ -212,18 +231,108 @@ def gated_flash_attention(
         gate_scale (`float`, *optional*, defaults to 1.0): `s` in `g = s * sigmoid(z)` (2 for identity init).
         keep (`torch.Tensor` of shape `(B, L, H)`, *optional*): 0/1 top-k mask; (query block, head) tiles of
             zeros are skipped.
-        causal (`bool`, *optional*, defaults to `False`): query `i` sees key `j <= i + S - L`.
+        causal (`bool`, *optional*, defaults to `False`): query `i` sees key `j <= i + kv_length - L`.
         key_padding_mask (`torch.Tensor` of shape `(B, S)`, *optional*): bool, True for keys to attend.
         sm_scale (`float`, *optional*): score scale; defaults to `1 / sqrt(D)`.
+        kv_length (`torch.Tensor` of shape `(B,)` or `(1,)`, *optional*): int32/int64 on q's device: only keys
+            `j < kv_length` exist (a static cache's filled length; read on the device, never loaded past it,
+            their gradients 0); defaults to S.
 
     Returns:
         `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
     """
-    _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask)
+    _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask, kv_length)
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     return GatedFlashAttention.apply(
-        q, k, v, gate_logits, keep, key_padding_mask, float(gate_scale), bool(causal), float(sm_scale)
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal),
+        float(sm_scale),
+    )  # fmt: skip
+
+
+# --- Split-KV decode attention (forward only) ---
+
+
+@torch.library.custom_op("hf_gate_attention::gated_decode_attention", mutates_args=())
+def _gated_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
+    gate_scale: float,
+    causal: bool,
+    sm_scale: float,
+    num_chunks: int | None,
+) -> torch.Tensor:
+    _require_triton(q.device)
+    from .decode_attention import decode_attention_forward
+
+    return decode_attention_forward(
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks
     )
+
+
+@_gated_decode_attention.register_fake
+def _(q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks):
+    batch, heads, length, dim = q.shape
+    return q.new_empty(batch, length, heads, dim)
+
+
+def gated_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None = None,
+    gate_scale: float = 1.0,
+    keep: torch.Tensor | None = None,
+    causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    kv_length: torch.Tensor | None = None,
+    num_chunks: int | None = None,
+) -> torch.Tensor:
+    """Split-KV ("flash-decoding") gated attention of a short query (`L <= 16`: decode, speculative or short
+    chunks), the same result as `gated_flash_attention` (`decode_attention.py`).
+
+    The keys are split into chunks, attended in parallel and merged by their log-sum-exp; the gate is applied
+    in the merge. A key/value group that `keep` drops for all its heads and queries is never read, and
+    neither are keys past `kv_length`; both are checked on the device (no host synchronisation: a decode
+    step is capturable in a CUDA graph). Forward only: raises `ValueError` when a gradient is required (use
+    `gated_flash_attention` to train).
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, L, D)`), `L <= 16`; k, v (`torch.Tensor` of shape `(B, KV, S, D)`),
+        gate_logits, gate_scale, keep, causal, key_padding_mask, sm_scale, kv_length: as in
+            `gated_flash_attention`.
+        num_chunks (`int`, *optional*): key chunks per (sequence, group); default chosen from the shapes
+            only (S, B * KV and the GPU's multiprocessor count).
+
+    Returns:
+        `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
+    """
+    _check_attention_inputs(q, k, v, gate_logits, keep, key_padding_mask, kv_length)
+    if q.shape[2] > MAX_DECODE_QUERIES:
+        raise ValueError(
+            f"gated_decode_attention serves queries of at most {MAX_DECODE_QUERIES} positions, got "
+            f"{q.shape[2]}; use gated_flash_attention"
+        )
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, gate_logits)):
+        raise ValueError(
+            "gated_decode_attention is forward only (inference) but a gradient is required; use "
+            "gated_flash_attention, or run under torch.no_grad()"
+        )
+    if num_chunks is not None and num_chunks < 1:
+        raise ValueError(f"num_chunks must be a positive int or None, got {num_chunks}")
+    sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    args = (q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal))
+    if torch.compiler.is_compiling():  # the custom op traces; in eager the launcher skips its dispatch
+        return _gated_decode_attention(*args, float(sm_scale), num_chunks)
+    _require_triton(q.device)
+    from .decode_attention import decode_attention_forward
+
+    return decode_attention_forward(*args, float(sm_scale), num_chunks)
 
 
 # --- Fused sigmoid-gate-multiply ---

@@ -38,6 +38,7 @@ def gated_attention_reference(
     causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
+    kv_length: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Gated attention `softmax(q k^T * sm_scale) v * g`, materialising the L x S weights.
 
@@ -49,10 +50,12 @@ def gated_attention_reference(
             (elementwise); `None` for no sigmoid gate.
         gate_scale (`float`, *optional*, defaults to 1.0): `s` in `g = s * sigmoid(z)`.
         keep (`torch.Tensor` of shape `(B, L, H)`, *optional*): 0/1 top-k mask multiplying the gate.
-        causal (`bool`, *optional*, defaults to `False`): query `i` sees key `j <= i + S - L` (the queries are
-            the last L positions, as when decoding with a KV cache).
+        causal (`bool`, *optional*, defaults to `False`): query `i` sees key `j <= i + kv_length - L` (the
+            queries are the last L positions of the filled keys, as when decoding with a KV cache).
         key_padding_mask (`torch.Tensor` of shape `(B, S)`, *optional*): bool, True for keys to attend.
         sm_scale (`float`, *optional*): score scale; defaults to `1 / sqrt(D)`.
+        kv_length (`torch.Tensor` of shape `(B,)` or `(1,)`, *optional*): integer; only keys `j < kv_length`
+            exist (a static cache's filled length); defaults to S.
 
     Returns:
         `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`.
@@ -63,10 +66,13 @@ def gated_attention_reference(
     k = k.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, S, D)
     v = v.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, S, D)
     scores = (q @ k.transpose(-2, -1)) * sm_scale  # (B, H, L, S)
-    visible = torch.ones(length, keys, dtype=torch.bool, device=q.device)  # (L, S)
+    filled = torch.full((batch,), keys, device=q.device) if kv_length is None else kv_length.expand(batch)
+    key_at = torch.arange(keys, device=q.device)  # (S,)
+    visible = key_at < filled[:, None, None]  # (B, 1, S)
     if causal:
-        visible = visible.tril(keys - length)
-    visible = visible.expand(batch, 1, length, keys)  # (B, 1, L, S)
+        query_at = torch.arange(length, device=q.device)[:, None]  # (L, 1)
+        visible = visible & (key_at <= query_at + (filled - length)[:, None, None])  # (B, L, S)
+    visible = visible.unsqueeze(1).expand(batch, 1, length, keys)  # (B, 1, L, S)
     if key_padding_mask is not None:
         visible = visible & key_padding_mask[:, None, None, :]
     weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)

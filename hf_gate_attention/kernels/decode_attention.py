@@ -1,0 +1,237 @@
+"""Triton split-KV ("flash-decoding") attention for short query lengths, with the gate in the merge.
+
+Decode (one query per sequence) and short chunks (speculative decoding, chunked prefill; at most
+`ops.MAX_DECODE_QUERIES` positions) have too few query rows for the flash kernel's (query block, head) grid
+to fill a GPU, so the work is split over the keys instead (Flash-Decoding, Dao et al. 2023), in two kernels:
+
+1. `_decode_split_kernel`, one program per (key chunk c, sequence b x key/value group g, row block): the
+   query rows of the `n = H / KV` heads that read group g, all Lq of them (an `(n * Lq, D)` tile, padded to
+   at least 16 rows for tl.dot; split into row blocks of `MAX_BLOCK_M` when larger), attend to the keys of
+   chunk c with an online softmax and write the chunk's normalised output and log-sum-exp per row. A tile
+   whose heads top-k dropped at every query row loads no key and value, and neither does a chunk past the
+   filled length `kv_length`: both write the neutral partial `lse = -inf`.
+2. `_decode_merge_kernel`, one program per block of (b, i, h) rows: combines the chunks by their log-sum-exp,
+   applies `gate_scale * sigmoid(z) * keep` (float32) and writes `(B, Lq, H, D)` in the dtype of q.
+
+The number of chunks depends on shapes only (S, B * KV, the GPU's multiprocessor count), never on values, and
+`kv_length` and `keep` are read on the device: a decode step launches the same grids every step, with no
+host synchronisation (capturable in a CUDA graph). Forward only.
+
+Layouts: q `(B, H, Lq, D)`, k/v `(B, KV, S, D)` with any strides and unit stride on D; z `(B, Lq, H, w)`,
+keep `(B, Lq, H)`, key padding mask `(B, S)` int8, kv_length `(B,)` or `(1,)` int64, all contiguous; the
+partials `(B * Lq * H, C, D)` and `(B * Lq * H, C)` float32, row `(b * Lq + i) * H + h` as in out. Causal:
+query `i` sees key `j <= i + kv_length - Lq`. Rows without a visible key give 0.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .gate_multiply import gate_tile
+from .gated_attention import (
+    INTERPRET,
+    INTERPRET_BLOCK,
+    LOG2E,
+    dot_flags,
+    filled_length,
+    fwd_key_blocks,
+    optional_operands,
+)
+
+# Rows per split program (n * Lq rows of a group are split into blocks of at most this many) and keys per
+# loop step. GPU values unmeasured; the interpreter's are small so that small tests span several blocks.
+MAX_BLOCK_M = INTERPRET_BLOCK if INTERPRET else 64
+BLOCK_N = INTERPRET_BLOCK if INTERPRET else 64
+MERGE_BLOCK_R = 16  # rows per merge program
+MAX_CHUNKS = 64
+MIN_BLOCKS_PER_CHUNK = 1 if INTERPRET else 4  # at least 256 keys per program on a GPU
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,
+    K,
+    V,
+    KEEP,
+    KPM,
+    KV_LEN,
+    PART_OUT,
+    PART_LSE,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_kvl,
+    H,
+    LQ,
+    S,
+    D,
+    GROUP,
+    CHUNK,
+    NUM_CHUNKS,
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    HAS_KPM: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    c = tl.program_id(0)
+    bg = tl.program_id(1).to(tl.int64)
+    b = bg // (H // GROUP)
+    g = bg % (H // GROUP)
+    tile_row = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) row hh * LQ + i of the group
+    row_ok = tile_row < GROUP * LQ
+    h = g * GROUP + tile_row // LQ  # (BLOCK_M,) query head
+    i = tile_row % LQ  # (BLOCK_M,) query position
+    row = (b * LQ + i) * H + h  # (BLOCK_M,) row (b, i, h) of z, keep and the partials
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dim_ok = offs_d < D
+
+    # this chunk's keys [start, end): none past the filled length, none if top-k dropped every row's head
+    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
+    start = c * CHUNK
+    end = tl.minimum(start + CHUNK, filled)
+    if HAS_KEEP:
+        kept = tl.max(tl.load(KEEP + row, mask=row_ok, other=0.0), 0) > 0
+        end = tl.where(kept, end, start)
+
+    q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + i[:, None] * stride_ql + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
+    K += b * stride_kb + g * stride_kh
+    V += b * stride_vb + g * stride_vh
+    KPM += b * S
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    # CHUNK is a multiple of BLOCK_N: every key block lies in this chunk; the last one is masked at `filled`
+    acc, l_i, m_i = fwd_key_blocks(
+        acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, end, LQ, filled,
+        sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+    )  # fmt: skip
+
+    has_key = l_i > 0
+    l_safe = tl.where(has_key, l_i, 1.0)
+    lse = tl.where(has_key, m_i + tl.math.log2(l_safe), float("-inf"))  # base 2; -inf: a neutral partial
+    tl.store(PART_LSE + row * NUM_CHUNKS + c, lse, mask=row_ok)
+    out_ptrs = PART_OUT + (row * NUM_CHUNKS + c)[:, None] * D + offs_d[None, :]
+    tl.store(out_ptrs, acc / l_safe[:, None], mask=(row_ok & has_key)[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PART_OUT,
+    PART_LSE,
+    Z,
+    KEEP,
+    OUT,
+    ROWS,
+    D,
+    NUM_CHUNKS,
+    gate_scale,
+    HAS_GATE: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    ELEMENTWISE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BLOCK_R,) rows (b, i, h)
+    row_ok = row < ROWS
+    offs_d = tl.arange(0, BLOCK_D)
+    dim_ok = offs_d < D
+    tile_ok = row_ok[:, None] & dim_ok[None, :]
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    weight_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for c in range(NUM_CHUNKS):  # online log-sum-exp merge of the chunks
+        lse = tl.load(PART_LSE + row * NUM_CHUNKS + c, mask=row_ok, other=float("-inf"))
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_safe)
+        weight = tl.math.exp2(lse - m_safe)
+        part_ptrs = PART_OUT + (row * NUM_CHUNKS + c)[:, None] * D + offs_d[None, :]
+        part = tl.load(part_ptrs, mask=tile_ok & (lse > float("-inf"))[:, None], other=0.0)  # written ones
+        acc = acc * alpha[:, None] + weight[:, None] * part
+        weight_sum = weight_sum * alpha + weight
+        m = m_new
+    out = acc / tl.where(weight_sum > 0, weight_sum, 1.0)[:, None]  # rows with no visible key -> 0
+    if HAS_GATE or HAS_KEEP:
+        out = out * gate_tile(
+            Z, KEEP, row, offs_d, row_ok, dim_ok, D, gate_scale, HAS_GATE, HAS_KEEP, ELEMENTWISE
+        )
+    tl.store(OUT + row[:, None] * D + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=tile_ok)
+
+
+@functools.cache
+def _target_programs(device: torch.device) -> int:
+    """Split programs that fill the device: two per multiprocessor (a few in the interpreter)."""
+    if device.type != "cuda":
+        return 8
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_key_chunks(keys: int, programs: int, device: torch.device) -> int:
+    """Default number of key chunks, from shapes only: enough for `programs` (B * KV * row blocks) times the
+    chunks to fill the device, at least `MIN_BLOCKS_PER_CHUNK` key blocks per chunk, at most `MAX_CHUNKS`."""
+    chunks = triton.cdiv(_target_programs(device), programs)
+    return max(1, min(chunks, triton.cdiv(keys, BLOCK_N * MIN_BLOCKS_PER_CHUNK), MAX_CHUNKS))
+
+
+def decode_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_logits: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    kv_length: torch.Tensor | None,
+    gate_scale: float,
+    causal: bool,
+    sm_scale: float,
+    num_chunks: int | None = None,
+) -> torch.Tensor:
+    """Gated attention of a short query (arguments as in `gated_attention_reference`), split over `num_chunks`
+    key chunks (default: `num_key_chunks`; fewer when S needs fewer). Returns `(B, Lq, H, D)`, dtype of q."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    batch, heads, length, dim = q.shape
+    kv_heads, keys = k.shape[1:3]
+    group = heads // kv_heads
+    (z, keep_, kpm, kv_len), stride_kvl, flags = optional_operands(
+        q, gate_logits, keep, key_padding_mask, kv_length
+    )
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(group * length)))
+    row_blocks = triton.cdiv(group * length, block_m)
+    if num_chunks is None:
+        num_chunks = num_key_chunks(keys, batch * kv_heads * row_blocks, q.device)
+    chunk = triton.cdiv(triton.cdiv(keys, num_chunks), BLOCK_N) * BLOCK_N  # keys per chunk, whole blocks
+    num_chunks = triton.cdiv(keys, chunk)
+    rows = batch * length * heads
+    part_out = torch.empty(rows, num_chunks, dim, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(rows, num_chunks, dtype=torch.float32, device=q.device)
+    block_d = max(16, triton.next_power_of_2(dim))
+    _decode_split_kernel[(num_chunks, batch * kv_heads, row_blocks)](
+        q, k, v, keep_, kpm, kv_len, part_out, part_lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        stride_kvl, heads, length, keys, dim, group, chunk, num_chunks, sm_scale, CAUSAL=causal,
+        HAS_KPM=flags["HAS_KPM"], HAS_KV_LEN=flags["HAS_KV_LEN"], HAS_KEEP=flags["HAS_KEEP"],
+        **dot_flags(q.dtype), BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+    )  # fmt: skip
+    out = torch.empty(batch, length, heads, dim, dtype=q.dtype, device=q.device)
+    _decode_merge_kernel[(triton.cdiv(rows, MERGE_BLOCK_R),)](
+        part_out, part_lse, z, keep_, out, rows, dim, num_chunks, gate_scale, HAS_GATE=flags["HAS_GATE"],
+        HAS_KEEP=flags["HAS_KEEP"], ELEMENTWISE=flags["ELEMENTWISE"], BLOCK_D=block_d, BLOCK_R=MERGE_BLOCK_R,
+    )  # fmt: skip
+    return out

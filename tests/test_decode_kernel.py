@@ -1,0 +1,284 @@
+"""The split-KV decode kernel (`gated_decode_attention`) against the float64 reference, and a tiny Llama on
+backend "triton" with static caches and top-k decoding (the flash kernel's `kv_length`: test_kernels.py).
+
+The kernels run through Triton's interpreter on CPU (blocks of 16 keys, row blocks of 16), so small shapes
+span several chunks, several row blocks and partial blocks. Tolerance as in test_kernels.py: at most twice
+PyTorch's own error in the same dtype plus a small epsilon.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
+
+import pytest
+import torch
+import transformers
+from helpers import tiny_inputs, tiny_model
+
+pytest.importorskip("triton", reason="the Triton kernels need the triton package")
+
+from test_kernels import (  # noqa: F401 (_bfloat16_rounds_to_nearest: an autouse fixture)
+    AVAILABLE,
+    DEVICE,
+    DTYPES,
+    REASON,
+    _bfloat16_rounds_to_nearest,
+    _GuardedTorch,
+    assert_close_to_reference,
+    assert_guards_intact,
+    guarded,
+)
+
+from hf_gate_attention import GateConfig, patch
+from hf_gate_attention.kernels import gated_attention_reference, gated_decode_attention
+
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=REASON)
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    length: int  # Lq
+    heads: int
+    kv_heads: int
+    keys: int  # S
+    dim: int
+    causal: bool
+    gate: str  # "headwise" or "elementwise"
+    chunks: int | None  # None: the launcher's choice
+    dtype: str = "fp32"
+    left_padding: bool = False  # the first sequence's first third of keys padded
+    kv_length: tuple[int, ...] | None = None  # filled length, per sequence or one for all
+    keep_groups: bool = False  # top-1 key/value group per (sequence, query): sequences keep different ones
+
+    @property
+    def id(self) -> str:
+        return (
+            f"B{self.batch}-Lq{self.length}-H{self.heads}-KV{self.kv_heads}-S{self.keys}-D{self.dim}-"
+            f"{'causal' if self.causal else 'full'}-{self.gate}-chunks{self.chunks}-{self.dtype}"
+            f"{'-pad' if self.left_padding else ''}{f'-len{self.kv_length}' if self.kv_length else ''}"
+            f"{'-top1' if self.keep_groups else ''}"
+        )
+
+
+CASES = [
+    # 1 head per group, 1 chunk; 2 heads per group, 3 chunks, left padding, top-1 group
+    Case(2, 1, 4, 4, 37, 32, causal=True, gate="headwise", chunks=1),
+    Case(2, 3, 4, 2, 45, 64, True, "elementwise", chunks=3, left_padding=True, keep_groups=True),
+    # 4 heads per group: a static cache filled to a different length per sequence; one length for all
+    Case(3, 1, 8, 2, 50, 32, True, "headwise", 4, "bf16", kv_length=(50, 17, 33), keep_groups=True),
+    Case(2, 3, 4, 1, 40, 40, False, "elementwise", 2, "fp16", left_padding=True, kv_length=(29,)),
+    # 20 rows per group (2 row blocks), the launcher's chunks; the longest query (16 positions)
+    Case(1, 5, 8, 2, 33, 32, True, "headwise", chunks=None, kv_length=(21,), keep_groups=True),
+    Case(1, 16, 2, 1, 24, 16, True, "elementwise", chunks=2, kv_length=(20,)),
+]
+
+
+def decode_inputs(case: Case) -> dict:
+    dtype = DTYPES[case.dtype]
+    q = torch.randn(case.batch, case.heads, case.length, case.dim, device=DEVICE, dtype=dtype)
+    k, v = torch.randn(2, case.batch, case.kv_heads, case.keys, case.dim, device=DEVICE, dtype=dtype)
+    width = 1 if case.gate == "headwise" else case.dim
+    gate_logits = torch.randn(case.batch, case.length, case.heads, width, device=DEVICE, dtype=dtype)
+    keep = None
+    if case.keep_groups:  # group b + i (mod KV) for sequence b, query i
+        group = (torch.arange(case.batch)[:, None] + torch.arange(case.length)) % case.kv_heads  # (B, Lq)
+        kept = torch.nn.functional.one_hot(group, case.kv_heads).float()  # (B, Lq, KV)
+        keep = kept.repeat_interleave(case.heads // case.kv_heads, dim=-1).to(DEVICE)  # (B, Lq, H)
+    mask = None
+    if case.left_padding:
+        mask = torch.ones(case.batch, case.keys, dtype=torch.bool, device=DEVICE)
+        mask[0, : case.keys // 3] = False
+    kv_length = None if case.kv_length is None else torch.tensor(case.kv_length, device=DEVICE)
+    return {
+        "q": q, "k": k, "v": v, "gate_logits": gate_logits, "keep": keep, "key_padding_mask": mask,
+        "kv_length": kv_length,
+    }  # fmt: skip
+
+
+def decode(inputs: dict, causal: bool, chunks: int | None = None) -> torch.Tensor:
+    with torch.no_grad():
+        return gated_decode_attention(**inputs, gate_scale=2.0, causal=causal, num_chunks=chunks)
+
+
+def reference(inputs: dict, causal: bool, dtype: torch.dtype) -> torch.Tensor:
+    args = {name: t.to(dtype) if t is not None and t.is_floating_point() else t for name, t in inputs.items()}
+    return gated_attention_reference(**args, gate_scale=2.0, causal=causal)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_decode_kernel_matches_reference(case):
+    inputs = decode_inputs(case)
+    out = decode(inputs, case.causal, case.chunks)
+    assert out.shape == (case.batch, case.length, case.heads, case.dim) and out.dtype == inputs["q"].dtype
+    torch_out = reference(inputs, case.causal, inputs["q"].dtype)
+    assert_close_to_reference("out", out, reference(inputs, case.causal, torch.float64), torch_out)
+
+
+def test_decode_takes_strided_inputs():
+    """q and the cache as transformers hands them over: transposed views of (B, L, heads, D) tensors."""
+    q = torch.randn(2, 2, 4, 32, device=DEVICE).transpose(1, 2)  # (B, H, Lq, D), non-contiguous
+    kv = torch.randn(2, 27, 2, 2, 32, device=DEVICE)  # (B, S, [k, v], KV, D)
+    k, v = kv.transpose(1, 3).unbind(2)  # 2 x (B, KV, S, D), non-contiguous
+    inputs = {"q": q, "k": k, "v": v, "gate_logits": torch.randn(2, 2, 4, 1, device=DEVICE)}
+    expected = reference(inputs, True, torch.float64)
+    torch.testing.assert_close(decode(inputs, True, 2).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_dropped_groups_and_unfilled_chunks_are_never_read():
+    """NaN in the cache of every group a sequence dropped at all its queries, and in the slots past each
+    sequence's filled length (whole chunks and the tail of one): the same finite output as the clean cache,
+    equal to the reference."""
+    case = Case(2, 3, 6, 3, 70, 32, True, "headwise", chunks=5, kv_length=(40, 23), keep_groups=True)
+    inputs = decode_inputs(case)
+    # sequence b keeps the groups b, b + 1, b + 2 (mod 3) at its queries 0, 1, 2: make it keep only group b
+    inputs["keep"] = inputs["keep"][:, :1].expand(-1, 3, -1).contiguous()
+    clean = decode(inputs, True, case.chunks)
+    poisoned = {**inputs, "k": inputs["k"].clone(), "v": inputs["v"].clone()}
+    for b, filled in enumerate(case.kv_length):
+        dropped = inputs["keep"][b, 0].unflatten(0, (3, 2))[:, 0] == 0  # (KV,)
+        for cache in (poisoned["k"], poisoned["v"]):
+            cache[b, dropped] = float("nan")
+            cache[b, :, filled:] = float("nan")
+    out = decode(poisoned, True, case.chunks)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
+    torch.testing.assert_close(out.double(), reference(inputs, True, torch.float64), atol=1e-5, rtol=1e-5)
+
+
+def test_decode_kernel_touches_only_its_tensors(monkeypatch):
+    """Every input in a NaN-guarded buffer (a read outside it would reach the output) and every tensor the
+    launcher allocates (partials, output) too (a write outside it would overwrite the guard)."""
+    from hf_gate_attention.kernels import decode_attention
+
+    outputs = _GuardedTorch()
+    monkeypatch.setattr(decode_attention, "torch", outputs)
+    case = Case(2, 5, 8, 2, 37, 24, True, "elementwise", 3, left_padding=True, kv_length=(37, 30))
+    inputs_buffers: list = []
+    inputs = {name: guarded(t, inputs_buffers) for name, t in decode_inputs(case).items() if t is not None}
+    out = decode(inputs, case.causal, case.chunks)
+    torch.testing.assert_close(out.double(), reference(inputs, True, torch.float64), atol=1e-5, rtol=1e-5)
+    assert len(outputs.buffers) == 3  # partial outputs, partial log-sum-exps, output
+    assert_guards_intact(outputs.buffers + inputs_buffers)
+
+
+def test_custom_op_passes_opcheck_and_compiles_without_graph_breaks():
+    case = Case(1, 2, 4, 2, 20, 32, True, "headwise", chunks=2, kv_length=(13,), keep_groups=True)
+    inputs = decode_inputs(case)
+    args = tuple(inputs[n] for n in ("q", "k", "v", "gate_logits", "keep", "key_padding_mask", "kv_length"))
+    op = torch.ops.hf_gate_attention.gated_decode_attention
+    result = torch.library.opcheck(op, (*args, 2.0, True, 0.125, 2))
+    assert set(result.values()) == {"SUCCESS"}, result
+    compiled = torch.compile(lambda inputs: decode(inputs, True, 2), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(inputs), decode(inputs, True, 2))
+
+
+def test_decode_refuses_gradients_long_queries_and_bad_lengths():
+    inputs = decode_inputs(Case(1, 1, 2, 1, 8, 16, True, "headwise", chunks=1))
+    with pytest.raises(ValueError, match=r"forward only.*use gated_flash_attention"):
+        gated_decode_attention(inputs["q"].requires_grad_(), inputs["k"], inputs["v"])
+    q = torch.randn(1, 2, 17, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 16 positions"):
+        decode({"q": q, "k": q[:, :1], "v": q[:, :1]}, True)
+    with pytest.raises(ValueError, match=r"kv_length must be an int32 or int64 tensor of shape \(B,\)"):
+        decode({**inputs, "q": inputs["q"].detach(), "kv_length": torch.tensor([1.0])}, True)
+
+
+# --- backend "triton" on a tiny Llama: static caches and top-k decode ---
+
+GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}  # 3 groups of 2 heads
+
+
+def _gated_llama(backend: str, variant: str = "output", **options):
+    model = tiny_model("llama", **GQA)
+    torch.manual_seed(7)  # the same gate weights on both backends
+    config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group")
+    return patch(model, config, backend=backend, **options)
+
+
+def _padded_prompt(length: int) -> dict:
+    inputs = tiny_inputs("llama", batch=2, length=length)
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    inputs["attention_mask"][1, :3] = 0  # left padding, as for batched generation
+    return inputs
+
+
+def test_key_mask_passes_the_filled_length_of_static_caches():
+    """The mask function of backend "triton": a bool key padding mask (or None) when every key exists; with a
+    static cache's unfilled slots, the filled length at each attended key (0 elsewhere), on the device."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
+
+    from hf_gate_attention.kernels.backends import key_mask
+
+    padded = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    causal = {"mask_function": causal_mask_function}
+    assert torch.equal(key_mask(2, 4, 4, 0, attention_mask=padded, **causal), padded)  # no cache, dynamic
+    assert key_mask(2, 1, 4, 3, **causal) is None
+    static_prefill = key_mask(2, 4, 6, 0, attention_mask=padded, **causal)  # generate's mask: 4 of 6 slots
+    assert torch.equal(static_prefill, torch.tensor([[0, 4, 4, 4, 0, 0], [4, 4, 4, 4, 0, 0]]))
+    position = torch.tensor(4)  # the cache's own position tensor: the mask stays on the device
+    assert torch.equal(key_mask(1, 1, 6, position, **causal), torch.tensor([[5, 5, 5, 5, 5, 0]]))
+    # an encoder with more keys than queries (prefix tuning): every key exists
+    prefixed = torch.ones(1, 6, dtype=torch.bool)
+    assert key_mask(1, 4, 6, 0, attention_mask=prefixed, mask_function=bidirectional_mask_function) is None
+
+
+@pytest.mark.parametrize("variant", ["output", "qk"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache):
+    inputs = _padded_prompt(7)
+    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "output_scores": True}
+    settings["return_dict_in_generate"] = True
+    if cache == "static":
+        settings["cache_implementation"] = "static"
+    results = []
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        with torch.no_grad():
+            results.append(_gated_llama(backend, variant, **options).generate(**inputs, **settings))
+    expected, generated = results
+    assert torch.equal(generated.sequences, expected.sequences)
+    scores, expected_scores = torch.stack(generated.scores), torch.stack(expected.scores)  # (new, B, V)
+    torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])  # without an attention mask, and left padded
+@pytest.mark.parametrize("length", [9, 20])  # the decode kernel (<= 16 queries), the flash kernel
+def test_static_cache_prefill_on_triton_equals_torch(length, padded):
+    """Regression: a StaticCache hands the attention all `max_cache_len` slots; the causal window must end at
+    the filled length, not at the end of the cache (logits were off by 0.1 to 0.8)."""
+    inputs = _padded_prompt(length)
+    if not padded:
+        del inputs["attention_mask"]
+    logits = []
+    for backend in ("torch", "triton"):
+        model = _gated_llama(backend)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=32)
+        with torch.no_grad():
+            logits.append(model(**inputs, cache=cache, use_cache=True).logits)
+    real = inputs["attention_mask"].bool() if padded else slice(None)
+    torch.testing.assert_close(logits[1][real], logits[0][real], atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_static_cache_decode_steps_equal_the_reference():
+    """Decode steps on a StaticCache under `torch.compile(fullgraph=True)`: the filled length reaches the
+    decode kernel as a tensor, without a graph break (no host synchronisation in the traced step)."""
+    torch._dynamo.reset()
+    prompt = tiny_inputs("llama", batch=2, length=7)
+    steps = {}
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        model = _gated_llama(backend, **options)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        step = torch.compile(model, fullgraph=True, backend="aot_eager") if backend == "triton" else model
+        with torch.no_grad():
+            ids = model(**prompt, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            steps[backend] = []
+            for _ in range(3):
+                logits = step(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+                steps[backend].append(logits)
+                ids = logits.argmax(-1, keepdim=True)
+    torch.testing.assert_close(
+        torch.stack(steps["triton"]), torch.stack(steps["torch"]), atol=1e-5, rtol=1e-5
+    )

@@ -207,7 +207,7 @@ def _padded_prompt(length: int) -> dict:
 
 
 def test_key_mask_passes_the_filled_length_of_static_caches():
-    """The mask function of backend "triton": a bool key padding mask (or None) when every key exists; with a
+    """Backend "triton"'s mask function: its bool key padding mask (or None) when every key exists; with a
     static cache's unfilled slots, the filled length at each attended key (0 elsewhere), on the device."""
     from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
@@ -221,9 +221,11 @@ def test_key_mask_passes_the_filled_length_of_static_caches():
     assert torch.equal(static_prefill, torch.tensor([[0, 4, 4, 4, 0, 0], [4, 4, 4, 4, 0, 0]]))
     position = torch.tensor(4)  # the cache's own position tensor: the mask stays on the device
     assert torch.equal(key_mask(1, 1, 6, position, **causal), torch.tensor([[5, 5, 5, 5, 5, 0]]))
-    # an encoder with more keys than queries (prefix tuning): every key exists
+    # an encoder with more keys than queries (prefix tuning): every key exists; a mask that masks nothing is
+    # kept (dropping it would read it on the host)
     prefixed = torch.ones(1, 6, dtype=torch.bool)
-    assert key_mask(1, 4, 6, 0, attention_mask=prefixed, mask_function=bidirectional_mask_function) is None
+    kept = key_mask(1, 4, 6, 0, attention_mask=prefixed, mask_function=bidirectional_mask_function)
+    assert torch.equal(kept, prefixed)
 
 
 @pytest.mark.parametrize("variant", ["output", "qk"])

@@ -197,7 +197,7 @@ def test_autocast_bfloat16_training_step_is_close_to_the_reference():
         torch.testing.assert_close(grads[name], grad, rtol=5e-2, atol=2e-2 * scale + 1e-6, msg=name)
 
 
-@pytest.mark.parametrize("backend", ["torch", "fused_gate"])
+@pytest.mark.parametrize("backend", ["torch", "fused_gate", "triton"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_torch_compile_fullgraph_forward_and_backward(variant, backend):
     """No graph break (fullgraph=True) in forward and backward; equal to eager. Under tracing the merged

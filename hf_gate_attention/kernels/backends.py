@@ -88,19 +88,20 @@ def key_mask(
 ) -> torch.Tensor | None:
     """The mask transformers builds for `fused_attention_forward` (an `AttentionMaskInterface` function).
 
-    As `flash_attention_mask`: `None`, or the `(B, S)` bool key padding mask. But a static cache hands the
+    As `flash_attention_mask`: `None`, or the `(B, S)` bool key padding mask, but kept when it masks nothing
+    (deciding that would read it on the host: a sync, and a graph break under `torch.compile`; the kernels
+    take an all-True mask at a small cost). A static cache hands the
     attention all its `S = max_cache_len` slots, filled only up to `q_offset + q_length` (`q_offset`: the
     cache's own position tensor): then an int64 `(B, S)` tensor, that filled length at each key to attend
     and 0 elsewhere, so that the kernels get the filled length on the device (`_key_mask_and_length`)."""
-    from transformers.masking_utils import bidirectional_mask_function, flash_attention_mask
+    from transformers.masking_utils import bidirectional_mask_function
 
     filled = q_offset + q_length
     # every key exists: no cache or a dynamic one; encoders (prefix tuning has more keys than queries there)
     every_key = not isinstance(filled, torch.Tensor) and filled >= kv_length
     if every_key or kwargs.get("mask_function") is bidirectional_mask_function:
-        return flash_attention_mask(
-            batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask=attention_mask, **kwargs
-        )
+        # sliced from the right, as flash_attention_mask does (sliding windows, chunks)
+        return None if attention_mask is None else attention_mask[:, -kv_length:].bool()
     attend = torch.arange(kv_length, device=kwargs.get("device", "cpu")) < filled  # (S,)
     attend = attend.expand(batch_size, kv_length)  # (B, S)
     if attention_mask is not None:  # (B, slots up to now) from generate: padding slots are False

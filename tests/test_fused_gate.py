@@ -244,6 +244,18 @@ def test_auto_falls_back_to_torch_when_triton_cannot_run(monkeypatch):
         resolve_backend("fused_gate", GateConfig(), model_config, 8, _Weight(True))
 
 
+@pytest.mark.parametrize(
+    ("sparse", "is_cuda", "expected"), [(None, False, True), (None, True, False), (True, True, True)]
+)
+def test_torch_sparse_loops_run_on_cuda_only_when_asked_for(sparse, is_cuda, expected):
+    """On CUDA `sparse=None` masks: the per-sequence loops of core/sparse.py are the readable CPU path."""
+    model_config = tiny_model("llama").config
+    attention = backends.backend_named("torch").attention(
+        GateConfig(top_k=1), model_config, sparse, _Weight(is_cuda)
+    )
+    assert (attention is not None) == expected
+
+
 def test_a_new_backend_is_one_registration(monkeypatch):
     monkeypatch.setattr(backends, "_BACKENDS", dict(backends._BACKENDS))
     calls = []

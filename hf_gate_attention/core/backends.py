@@ -33,8 +33,8 @@ class GateBackend:
             `None` when it can.
         gate_multiply (`Callable`, *optional*): `(values (..., G*D), logits (..., G, w), scale, keep) -> gated
             values` applied in the hooks; `None`: the torch reference (`gate.apply_gate`).
-        attention (`Callable`, *optional*): `(config, model_config, sparse) -> module | None`, an attention
-            implementation that applies the gate itself (a module with `ATTN_IMPLEMENTATION`,
+        attention (`Callable`, *optional*): `(config, model_config, sparse, weight) -> module | None`, an
+            attention implementation that applies the gate itself (a module with `ATTN_IMPLEMENTATION`,
             `register_attention_implementation()` and, optionally, `prepare_block(block_patch)` and
             `release_block(block)`), or `None` to keep the model's own attention implementation; raises
             `ValueError` for a `sparse` it cannot honour.
@@ -111,9 +111,11 @@ def resolve_backend(
     return _BACKENDS["torch"]
 
 
-def _torch_attention(config: GateConfig, model_config, sparse: bool | None):
-    """The sparse top-k attention (`sparse.py`) when asked for or possible, else the model's own."""
-    if sparse is False or (sparse is None and config.top_k is None):
+def _torch_attention(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
+    """The sparse top-k attention (`sparse.py`) when asked for or possible, else the model's own. On a CUDA
+    device `sparse=None` masks: the sparse path's per-sequence, per-group Python loops and host syncs cost
+    far more there than they skip (prefill x27 the ungated time on an H200); `sparse=True` still runs them."""
+    if sparse is False or (sparse is None and (config.top_k is None or weight.is_cuda)):
         return None
     reason = sparse_module.sparse_unavailable_reason(config.variant, config.top_k, model_config)
     if reason is not None and sparse:

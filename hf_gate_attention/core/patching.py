@@ -71,9 +71,9 @@ def patch(
             with `top_k`, when they can serve the model; else `"torch"`. Not saved with the model: choose it
             again when loading.
         sparse (`bool`, *optional*): how `top_k` runs. `None` (default): skip the work of the dropped heads
-            and key/value groups where the backend can (torch: `core/sparse.py`, variants `output`/`qk`;
-            triton: always), else compute every head and mask the dropped ones. `True`: skip, or raise
-            `ValueError` saying why it cannot. `False`: the masked reference (torch only).
+            and key/value groups where the backend can (torch on CPU: `core/sparse.py`, variants
+            `output`/`qk`; triton: always), else compute every head and mask the dropped ones. `True`: skip,
+            or raise `ValueError` saying why it cannot. `False`: the masked reference (torch only).
         train_gates_only: freeze every parameter except the new gates.
     """
     check_backend_name(backend)
@@ -88,7 +88,7 @@ def patch(
     first_block, first_geometry = next(iter(layout.values()))
     query_weight = first_block.get_submodule(family.query).weight
     runner = resolve_backend(backend, config, base.config, first_geometry["head_dim"], query_weight)
-    attention = runner.attention(config, base.config, sparse) if runner.attention else None
+    attention = runner.attention(config, base.config, sparse, query_weight) if runner.attention else None
     add_gates(base, config, family, layout, runner.gate_multiply, gate_in_attention=attention is not None)
     setattr(base, _BACKEND_ATTRIBUTE, runner.name)
     for name, method in _INSTANCE_METHODS.items():

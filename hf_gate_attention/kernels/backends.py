@@ -172,7 +172,7 @@ def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float
     return gate_multiply_unchecked(heads, logits, scale, keep).flatten(-2)
 
 
-def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None):
+def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
     if sparse and config.top_k is not None:
         raise ValueError(
             "sparse=True: backend 'fused_gate' computes every head and masks the dropped ones; top-k work "
@@ -181,7 +181,7 @@ def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None):
     return None
 
 
-def _fused_attention(config: GateConfig, model_config, sparse: bool | None):
+def _fused_attention(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
     if sparse is False and config.top_k is not None:
         raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
     return None if config.variant == "value" else sys.modules[__name__]  # this module's attention function

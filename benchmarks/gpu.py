@@ -19,10 +19,22 @@ Phases:
   captured in a CUDA graph (3 warm-up steps on a side stream, then `torch.cuda.graph`), captured again for
   every measurement since patching changes the model's tensors. Static inputs: `input_ids` and `position_ids`
   `(B, 1)` and a boolean mask `(B, 1, 1, max_cache_len)` updated in place before each replay, so transformers
-  runs no host-side mask logic (an implementation whose mask function is `flash_attention_mask`, like the
-  `triton` backend's, gets the `(B, max_cache_len)` view it expects). Replays are timed with CUDA events;
-  once per case the graphed logits are compared with an eager call of the same step (max abs diff in the CSV).
-  A failed capture (e.g. a host sync inside the step) is recorded as the case's error;
+  runs no host-side mask logic (an implementation whose mask function takes a 2-D key mask,
+  `flash_attention_mask` or the `triton` backend's `key_mask`, gets the `(B, max_cache_len)` view). Replays
+  are timed with CUDA events; once per case the graphed logits are compared with an eager call of the same
+  step (max abs diff in the CSV). A failed capture (e.g. a host sync inside the step) is recorded as the
+  case's error;
+- `sparse_decode` (issue 23): the same graphed decode step (`graph_decoder`, shared with `decode_graph`),
+  time per decoded token at each context of `--sparse-contexts` (4k, 8k, 32k) and batch of `--batches`, over
+  its own cases: `ungated` (sdpa), the dense gated reference `output/headwise:fused_gate`, and
+  `GateConfig(variant="output", granularity="headwise", init="paper", top_k=k, top_k_unit="kv_group")` on
+  backend `triton` for each k of `--top-ks` (1, 2, 4, 8 of the 8 key/value groups; k = 8 keeps every group:
+  the kernel's all-kept time). One `StaticCache` per (context, batch), `max_cache_len` = context +
+  `--sparse-steps`, its first `context` slots filled with random keys and values in place (decode time does
+  not depend on them) and its filled length set, rewound after each measurement, freed
+  (`torch.cuda.empty_cache`) before the next (32k x batch 16: 17 GB). Reported as speed-ups, ungated time /
+  case time, and as case time / dense gated time, against `SPARSE_SPEEDUP_TARGETS`, `SPARSE_ALL_KEPT_LIMIT`
+  (k = all groups, at every context and batch) and `SPARSE_DENSE_LIMIT` (every k at 4k and 8k);
 - `kernels`: attention alone, bf16, causal, q/k/v transposed views of `(B, L, H, D)` as transformers passes
   them, 16k tokens per shape (B = 16384 / L, H = 2048 / D), L in 4096 and 8192, head_dim 64 and 128, headwise
   and elementwise: `sdpa` (`F.scaled_dot_product_attention` on flash / cuDNN), `sdpa+torch_gate`,
@@ -34,17 +46,19 @@ autotuning not done by an earlier phase). Then each round times every case once,
 round to round; a case's ratio is the median over rounds of (case / ungated of the same round), with the range
 of the rounds. `--budget-s` bounds the whole run: each phase gets a share of the time left and runs fewer
 rounds (at least one) when the next would not fit; cases are never dropped. The CSVs and the Markdown are
-rewritten after each phase, so a killed run keeps what it measured. Targets: see `TARGETS`.
+rewritten after each phase, so a killed run keeps what it measured. Targets: see `TARGETS`, `KERNEL_TARGET`
+and the `SPARSE_*` constants.
 
 On the GPU machine (torch + CUDA, Triton, transformers; no network needed):
 
     HF_HUB_OFFLINE=1 python3 benchmarks/gpu.py --out $OUT/gpu
 
-CPU smoke test of the logic (tiny model; decode_graph and kernels are reported as needing CUDA):
+CPU smoke test of the logic (tiny model; decode_graph, sparse_decode and kernels are reported as needing
+CUDA):
 
     python benchmarks/gpu.py --device cpu --dtype float32 --layers 2 --hidden 128 --heads 4 --kv-heads 2 \\
         --vocab 1000 --prefill-len 64 --train-len 64 --context 64 --decode-steps 4 --batches 1 2 --rounds 2 \\
-        --phases prefill train decode_eager --backends torch --out /tmp/gpu
+        --backends torch --out /tmp/gpu
 """
 # ruff: noqa: E402
 
@@ -73,10 +87,13 @@ from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
 from hf_gate_attention import GateConfig, gate_backend_of, patch, unpatch
+from hf_gate_attention.kernels.backends import key_mask
 
 BASELINE = "ungated"
-PHASES = ("prefill", "train", "decode_eager", "decode_graph", "kernels")
-PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "decode_eager": 2.0, "decode_graph": 2.0, "kernels": 1.5}
+PHASES = ("prefill", "train", "decode_eager", "decode_graph", "sparse_decode", "kernels")
+PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "decode_eager": 2.0, "decode_graph": 2.0, "sparse_decode": 2.0}
+PHASE_WEIGHTS["kernels"] = 1.5  # shares of --budget-s
+CUDA_PHASES = ("decode_graph", "sparse_decode", "kernels")
 # (phase, metric) -> (headwise, elementwise) bounds on the ratio to the baseline
 TARGETS = {
     ("prefill", "time"): (1.02, 1.05),
@@ -86,6 +103,11 @@ TARGETS = {
     ("decode_graph", "time"): (1.03, 1.03),
 }
 KERNEL_TARGET = 0.97  # sdpa+fused_gate throughput / sdpa
+# sparse_decode: (context, batch, top_k) -> minimum speed-up (ungated time / case time, per decoded token)
+SPARSE_SPEEDUP_TARGETS = {(32768, 16, 2): 2.0, (32768, 16, 1): 2.5, (32768, 1, 1): 1.25}
+SPARSE_ALL_KEPT_LIMIT = 1.03  # top-k keeping every group: time / ungated, at every context and batch
+SPARSE_DENSE_LIMIT, SPARSE_DENSE_CONTEXTS = 1.03, (4096, 8192)  # every top-k: time / dense gated
+SPARSE_DENSE = "output/headwise:fused_gate"  # the dense gated reference of sparse_decode
 KERNEL_SHAPES = [(L, D) for L in (4096, 8192) for D in (64, 128)]
 KERNEL_TOKENS, KERNEL_HIDDEN, KERNEL_REPEATS = 16384, 2048, 10
 FIRST_CALL_LIMIT_S = 20.0
@@ -109,11 +131,17 @@ class Bench:
     def __init__(self, model, args):
         self.model, self.args, self.device = model, args, torch.device(args.device)
         self.generator = torch.Generator().manual_seed(0)
+        # case -> (GateConfig fields, backend): `cases` of every phase but sparse_decode, then `sparse_cases`
         self.cases = {BASELINE: None}
         for gate in args.gates:
             variant, _, granularity = gate.partition("/")
             for backend in args.backends:
                 self.cases[f"{gate}:{backend}"] = ({"variant": variant, "granularity": granularity}, backend)
+        headwise = {"variant": "output", "granularity": "headwise"}
+        self.sparse_cases = {BASELINE: None, SPARSE_DENSE: (headwise, "fused_gate")}
+        for k in args.top_ks:
+            gate = {**headwise, "top_k": k, "top_k_unit": "kv_group"}
+            self.sparse_cases[f"output/headwise top-{k}:triton"] = (gate, "triton")
         self.case, self.resolved = BASELINE, {BASELINE: "-"}
 
     def tokens(self, batch: int, length: int) -> torch.Tensor:
@@ -127,7 +155,7 @@ class Bench:
             self.case = BASELINE
             unpatch(self.model)
         if case != BASELINE:
-            gate, backend = self.cases[case]
+            gate, backend = {**self.cases, **self.sparse_cases}[case]
             torch.manual_seed(0)
             try:
                 patch(self.model, GateConfig(init="paper", **gate), backend=backend)
@@ -148,9 +176,10 @@ class Bench:
         self.sync()
         return time.perf_counter() - start
 
-    def interleaved(self, label: str, run, deadline: float) -> dict:
-        """`run(case) -> dict of measures` for every case: one untimed first call, then rotated rounds."""
-        cases = list(self.cases)
+    def interleaved(self, label: str, run, deadline: float, cases=None) -> dict:
+        """`run(case) -> dict of measures` for every case (default: `self.cases`): one untimed first call,
+        then rotated rounds."""
+        cases = list(self.cases if cases is None else cases)
         results = {case: {"first_call_s": math.nan, "rounds": [], "error": ""} for case in cases}
         for case in cases:
             start = time.perf_counter()
@@ -293,18 +322,21 @@ def run_decode_eager(bench: Bench, deadline: float, batch: int) -> list[dict]:
     return bench.rows("decode_eager", args.context, batch, results, batch * args.decode_steps)
 
 
-@torch.no_grad()
-def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
-    args, model = bench.args, bench.model
-    context, max_len = args.context, args.context + args.decode_steps
-    bench.set_case(BASELINE)
-    model.eval()
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    model(input_ids=bench.tokens(batch, context), cache=cache, use_cache=True, logits_to_keep=1)
+def graph_decoder(bench: Bench, cache, context: int, batch: int, steps: int, diffs: dict):
+    """`run(case) -> {"s": seconds}`: `steps` decode steps of the current case on the `StaticCache` `cache`
+    (its `context` tokens filled, `max_cache_len` >= context + steps), one step captured in a CUDA graph for
+    the case (3 warm-up steps on a side stream, then `torch.cuda.graph`) and replayed `steps` times, timed
+    with CUDA events. Captured again at every call, since patching changes the model's tensors. Static inputs:
+    `input_ids` and `position_ids` `(B, 1)` and a boolean mask `(B, 1, 1, max_cache_len)` updated in place
+    before each replay, so that transformers runs no host-side mask logic; an implementation whose mask
+    function takes a 2-D key mask (`flash_attention_mask`, the `triton` backend's `key_mask`) gets the
+    `(B, max_cache_len)` view. At a case's first call, `diffs[case]` = max |graphed - eager logits| of the
+    same step. The cache is rewound to `context` after every use."""
+    model, max_len = bench.model, cache.layers[0].max_cache_len
     ids = bench.tokens(batch, 1)
     position_ids = torch.full((batch, 1), context, dtype=torch.long, device=bench.device)
     mask = torch.zeros(batch, 1, 1, max_len, dtype=torch.bool, device=bench.device)
-    pool, diffs = torch.cuda.graph_pool_handle(), {}  # case -> max |graphed - eager logits|
+    pool = torch.cuda.graph_pool_handle()
 
     def at(step: int) -> None:
         """Static inputs of decode step `step` (the cache's own position advances inside the graph)."""
@@ -316,7 +348,7 @@ def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
         bench.set_case(case)
         model.eval()
         implementation = model.config._attn_implementation
-        two_d = ALL_MASK_ATTENTION_FUNCTIONS.get(implementation) is flash_attention_mask
+        two_d = ALL_MASK_ATTENTION_FUNCTIONS.get(implementation) in (flash_attention_mask, key_mask)
         step_mask = mask.view(batch, max_len) if two_d else mask
 
         def step():
@@ -354,7 +386,7 @@ def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            for i in range(args.decode_steps):
+            for i in range(steps):
                 at(i)
                 graph.replay()
             end.record()
@@ -364,9 +396,91 @@ def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
             del graph
             rewind(cache, context)
 
+    return run
+
+
+@torch.no_grad()
+def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
+    args, model = bench.args, bench.model
+    context = args.context
+    bench.set_case(BASELINE)
+    model.eval()
+    cache = StaticCache(config=model.config, max_cache_len=context + args.decode_steps)
+    model(input_ids=bench.tokens(batch, context), cache=cache, use_cache=True, logits_to_keep=1)
+    diffs = {}  # case -> max |graphed - eager logits|
+    run = graph_decoder(bench, cache, context, batch, args.decode_steps, diffs)
     results = bench.interleaved(f"decode_graph batch {batch}", run, deadline)
     rows = bench.rows("decode_graph", context, batch, results, batch * args.decode_steps)
     return [{**row, "graph_max_abs_diff": diffs.get(row["case"])} for row in rows]
+
+
+def random_static_cache(bench: Bench, batch: int, context: int, max_len: int) -> StaticCache:
+    """A `StaticCache` of `max_len` slots whose first `context` hold random keys and values (decode time does
+    not depend on them; the gates see only the new token's hidden state): allocated at once
+    (`early_initialization`), filled in place, each layer's filled length (`cumulative_length`) set."""
+    config = bench.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = StaticCache(config=config, max_cache_len=max_len)
+    dtype = bench.model.get_input_embeddings().weight.dtype
+    cache.early_initialization(batch, config.num_key_value_heads, head_dim, dtype, bench.device)
+    generator = torch.Generator(bench.device).manual_seed(0)
+    for layer in cache.layers:
+        layer.keys.normal_(generator=generator)
+        layer.values.normal_(generator=generator)
+    rewind(cache, context)
+    return cache
+
+
+@torch.no_grad()
+def run_sparse_decode(bench: Bench, deadline: float, batch: int, context: int) -> list[dict]:
+    """Decode per token of every sparse case (ungated sdpa, dense gated, top-k kv_group on triton),
+    CUDA-graphed on one random `StaticCache` of `context` tokens (+ the steps), freed before the next
+    (context, batch)."""
+    args, model = bench.args, bench.model
+    steps = args.sparse_steps
+    bench.set_case(BASELINE)
+    model.eval()
+    cache, run, diffs = random_static_cache(bench, batch, context, context + steps), None, {}
+    try:
+        run = graph_decoder(bench, cache, context, batch, steps, diffs)
+        label = f"sparse_decode context {context} batch {batch}"
+        results = bench.interleaved(label, run, deadline, bench.sparse_cases)
+    finally:
+        del cache, run
+        bench.sync()
+        torch.cuda.empty_cache()
+    rows = []
+    base, dense = results[BASELINE]["rounds"], results[SPARSE_DENSE]["rounds"]
+    for row in bench.rows("sparse_decode", context, batch, results, batch * steps):
+        case, k = row["case"], bench.sparse_cases[row["case"]]
+        k = None if k is None else k[0].get("top_k")
+        for key in ("ratio", "ratio_min", "ratio_max"):  # case / ungated: reported as its inverse, a speed-up
+            row.pop(key, None)
+        row.update(context=context, top_k=k, graph_max_abs_diff=diffs.get(case))
+        if "median_ms" in row:
+            row["step_ms"] = row["median_ms"] / steps
+        rounds = results[case]["rounds"]
+        speedups = [b["s"] / m["s"] for m, b in zip(rounds, base, strict=True) if m and b]
+        if speedups and case != BASELINE:
+            row.update(speedup_ratio=statistics.median(speedups))
+            row.update(speedup_ratio_min=min(speedups), speedup_ratio_max=max(speedups))
+            if k is not None and k >= model.config.num_key_value_heads:
+                limit = SPARSE_ALL_KEPT_LIMIT
+                row["speedup_target"] = f">= {1 / limit:.3f}: time <= {limit} x ungated"
+                row["speedup_status"] = "pass" if row["speedup_ratio"] >= 1 / limit else "MISS"
+            elif (context, batch, k) in SPARSE_SPEEDUP_TARGETS:
+                bound = SPARSE_SPEEDUP_TARGETS[context, batch, k]
+                row["speedup_target"] = f">= {bound}"
+                row["speedup_status"] = "pass" if row["speedup_ratio"] >= bound else "MISS"
+        vs_dense = [m["s"] / d["s"] for m, d in zip(rounds, dense, strict=True) if m and d]
+        if vs_dense and k is not None:
+            row.update(dense_ratio=statistics.median(vs_dense))
+            row.update(dense_ratio_min=min(vs_dense), dense_ratio_max=max(vs_dense))
+            if context in SPARSE_DENSE_CONTEXTS:
+                row["dense_target"] = f"<= {SPARSE_DENSE_LIMIT}"
+                row["dense_status"] = "pass" if row["dense_ratio"] <= SPARSE_DENSE_LIMIT else "MISS"
+        rows.append(row)
+    return rows
 
 
 def run_kernels(args, deadline: float, rows: list[dict], save) -> None:
@@ -488,6 +602,12 @@ MODEL_COLUMNS.update({"time ratio [min, max]": "ratio", "peak GiB": "peak_gib"})
 MODEL_COLUMNS.update(
     {"memory ratio [min, max]": "memory_ratio", "graph vs eager max abs diff": "graph_max_abs_diff"}
 )
+SPARSE_COLUMNS = {"case": "case", "resolved": "resolved_backend", "context": "context", "batch": "batch"}
+SPARSE_COLUMNS.update({"first call s": "first_call_s", "median ms": "median_ms", "ms per step": "step_ms"})
+SPARSE_COLUMNS.update({"tokens/s": "tokens_per_s", "speed-up vs ungated [min, max]": "speedup_ratio"})
+SPARSE_COLUMNS.update(
+    {"time vs dense gated [min, max]": "dense_ratio", "graph vs eager max abs diff": "graph_max_abs_diff"}
+)
 KERNEL_COLUMNS = {"L": "seq_len", "head_dim": "head_dim", "granularity": "granularity", "method": "method"}
 KERNEL_COLUMNS.update({"pass": "pass", "first call s": "first_call_s", "median ms": "median_ms"})
 KERNEL_COLUMNS.update(
@@ -511,6 +631,8 @@ def markdown(rows: list[dict], header: list[str], durations: dict, args) -> str:
         "train": f"train: forward + backward + zero_grad, {args.train_len:,} tokens, batch 1, no optimizer",
         "decode_eager": f"decode_eager: {args.decode_steps} steps, DynamicCache of {args.context:,} tokens",
         "decode_graph": f"decode_graph: {args.decode_steps} graph replays, StaticCache of {args.context:,}",
+        "sparse_decode": f"sparse_decode: {args.sparse_steps} graph replays, random StaticCache of each "
+        f"context; top-k key/value groups on triton vs ungated sdpa and dense gated ({SPARSE_DENSE})",
         "kernels": f"kernels: attention alone, bf16, causal, {KERNEL_TOKENS:,} tokens per shape",
     }
     lines = [*header, ""]
@@ -521,7 +643,8 @@ def markdown(rows: list[dict], header: list[str], durations: dict, args) -> str:
             if "skipped" in phase_rows[0]:
                 lines += [phase_rows[0]["skipped"], ""]
                 continue
-            lines += [*table(phase_rows, KERNEL_COLUMNS if phase == "kernels" else MODEL_COLUMNS), ""]
+            columns = {"kernels": KERNEL_COLUMNS, "sparse_decode": SPARSE_COLUMNS}.get(phase, MODEL_COLUMNS)
+            lines += [*table(phase_rows, columns), ""]
     first = {}  # the first forward + backward of a case: its first prefill and train calls
     for r in rows:
         if r["phase"] in ("prefill", "train") and fmt(r.get("first_call_s")):
@@ -565,7 +688,7 @@ def build_model(args):
 def measure(phase: str, bench: Bench | None, args, deadline: float, rows: list[dict], save) -> None:
     """Add the rows of one phase to `rows`, calling `save()` after each part (batch size, kernel shape); an
     error outside the per-case calls becomes a row of the phase."""
-    if phase in ("decode_graph", "kernels") and torch.device(args.device).type != "cuda":
+    if phase in CUDA_PHASES and torch.device(args.device).type != "cuda":
         rows.append({"phase": phase, "case": "-", "skipped": f"Skipped: {phase} needs CUDA (--device cuda)."})
     elif phase == "kernels":
         try:
@@ -574,15 +697,18 @@ def measure(phase: str, bench: Bench | None, args, deadline: float, rows: list[d
             rows.append({"phase": phase, "method": "all", "error": error_text(error)})
     elif bench is not None:
         runner = {"prefill": run_prefill, "train": run_train}.get(phase)
-        batches = args.batches if runner is None else [1]
-        runner = runner or {"decode_eager": run_decode_eager, "decode_graph": run_decode_graph}[phase]
-        for index, batch in enumerate(batches):
-            part_deadline = time.perf_counter() + (deadline - time.perf_counter()) / (len(batches) - index)
+        parts = [{"batch": 1}] if runner else [{"batch": batch} for batch in args.batches]
+        if phase == "sparse_decode":  # one static cache per (context, batch), allocated and freed in turn
+            parts = [{"batch": b, "context": c} for c in args.sparse_contexts for b in args.batches]
+        runners = {"decode_eager": run_decode_eager, "decode_graph": run_decode_graph}
+        runner = runner or {**runners, "sparse_decode": run_sparse_decode}[phase]
+        for index, part in enumerate(parts):
+            part_deadline = time.perf_counter() + (deadline - time.perf_counter()) / (len(parts) - index)
             try:
-                rows += runner(bench, part_deadline, batch)
+                rows += runner(bench, part_deadline, **part)
             except Exception as error:
-                rows.append({"phase": phase, "case": "all", "batch": batch, "error": error_text(error)})
-                log(f"{phase} batch {batch}: {rows[-1]['error']}")
+                rows.append({"phase": phase, "case": "all", **part, "error": error_text(error)})
+                log(f"{phase} {part}: {rows[-1]['error']}")
                 bench.recover()
             save()
 
@@ -599,6 +725,13 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096, help="cached tokens before decoding")
     parser.add_argument("--decode-steps", type=int, default=32, help="decoded tokens per measurement")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16], help="decode batch sizes")
+    parser.add_argument(
+        "--sparse-contexts", type=int, nargs="+", default=[4096, 8192, 32768], help="sparse_decode contexts"
+    )
+    parser.add_argument(
+        "--top-ks", type=int, nargs="+", default=[1, 2, 4, 8], help="sparse_decode: kept key/value groups"
+    )
+    parser.add_argument("--sparse-steps", type=int, default=32, help="sparse_decode: steps per measurement")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size (intermediate: 4x)")
     parser.add_argument("--heads", type=int, default=32)
@@ -620,6 +753,9 @@ def main() -> None:
     cuda = torch.device(args.device).type == "cuda"
     machine = torch.cuda.get_device_name(args.device) if cuda else f"{cpu_model()} (CPU)"
     targets = ", ".join(f"{p} {m} <= {h} / {e}" for (p, m), (h, e) in TARGETS.items())
+    sparse_targets = ", ".join(
+        f"top-{k} at {c:,} batch {b} >= {bound}" for (c, b, k), bound in SPARSE_SPEEDUP_TARGETS.items()
+    )
     header = [
         f"`{shlex.join(['python', *sys.argv])}`",
         "",
@@ -628,7 +764,10 @@ def main() -> None:
         f"{args.heads} heads / {args.kv_heads} KV heads, vocab {args.vocab:,}, {args.dtype}, sdpa; gates "
         '`init="paper"`. Ratios: median over interleaved rounds of case / ungated of the same round '
         "[min, max]. "
-        f"Targets headwise / elementwise: {targets}; kernels: sdpa+fused_gate >= {KERNEL_TARGET} x sdpa.",
+        f"Targets headwise / elementwise: {targets}; kernels: sdpa+fused_gate >= {KERNEL_TARGET} x sdpa; "
+        f"sparse_decode (speed-up: ungated time / case time, per decoded token): {sparse_targets}, top-k "
+        f"keeping all {args.kv_heads} groups: time <= {SPARSE_ALL_KEPT_LIMIT} x ungated, every top-k at "
+        f"{' and '.join(map(str, SPARSE_DENSE_CONTEXTS))}: time <= {SPARSE_DENSE_LIMIT} x dense gated.",
     ]
     log(f"{machine}; {versions}")
     out, rows, durations = Path(args.out), {"model": [], "kernels": []}, {}

@@ -405,8 +405,9 @@ def run_decode_graph(bench: Bench, deadline: float, batch: int) -> list[dict]:
     context = args.context
     bench.set_case(BASELINE)
     model.eval()
-    cache = StaticCache(config=model.config, max_cache_len=context + args.decode_steps)
-    model(input_ids=bench.tokens(batch, context), cache=cache, use_cache=True, logits_to_keep=1)
+    # random keys and values, as in sparse_decode: a cache prefilled by a forward failed to capture
+    # on an H200 (CUDACachingAllocator assert, then "Offset increment outside graph capture" for every case)
+    cache = random_static_cache(bench, batch, context, context + args.decode_steps)
     diffs = {}  # case -> max |graphed - eager logits|
     run = graph_decoder(bench, cache, context, batch, args.decode_steps, diffs)
     results = bench.interleaved(f"decode_graph batch {batch}", run, deadline)

@@ -78,6 +78,33 @@ def test_merged_projection_equals_the_reference(model_type, granularity):
         torch.testing.assert_close(model(**_padded_inputs()).logits, reference(**_padded_inputs()).logits)
 
 
+def test_one_gemm_for_inference_two_for_training_and_eager_decode(monkeypatch):
+    """The merged GEMM runs where it measured faster (inference on more than a few tokens); training and
+    host-bound decode steps run the two GEMMs of the reference (kernels/query_gate.py)."""
+    import types
+
+    from hf_gate_attention.kernels import query_gate
+
+    widths = []
+
+    def linear(x, weight, bias=None):
+        widths.append(weight.shape[0])
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(query_gate, "F", types.SimpleNamespace(linear=linear))
+    _, model = _pair(granularity="elementwise")  # query 4 heads x 8 + gate 4 x 8 rows
+    prefill, decode = _padded_inputs(length=9), _padded_inputs(length=4)  # 18 tokens, 8 tokens
+    with torch.no_grad():
+        model(**prefill)
+        assert set(widths) == {64}
+        widths.clear()
+        model(**decode)
+    assert set(widths) == {32}
+    widths.clear()
+    model(**prefill).logits.sum().backward()
+    assert set(widths) == {32}
+
+
 def test_state_dict_names_and_values_are_those_of_the_unmerged_model():
     reference, model = _pair()
     state, expected = model.state_dict(), reference.state_dict()

@@ -401,19 +401,36 @@ class SigmoidGateMultiply(torch.autograd.Function):
         return grad_values, grad_logits, None, None
 
 
+# At most this many tokens outside CUDA-graph capture is host-bound work (eager decode), where a Triton launch
+# costs more host time than the few torch ops it replaces (H200: +10 ms per 16-layer decode step).
+HOST_BOUND_TOKENS = 16
+
+
+def host_bound(tokens: int, tensor: torch.Tensor) -> bool:
+    """Whether a call on `tokens` tokens of `tensor`'s device is limited by host work: few tokens, and not
+    being captured into a CUDA graph (where only device time counts)."""
+    if tokens > HOST_BOUND_TOKENS:
+        return False
+    return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def gate_multiply_unchecked(
     values: torch.Tensor, gate_logits: torch.Tensor, gate_scale: float, keep: torch.Tensor | None
 ) -> torch.Tensor:
-    """`sigmoid_gate_multiply` without its input checks, and without autograd when no gradient is needed
-    (decode): the least host work per call. For callers whose shapes are right by construction.
+    """`sigmoid_gate_multiply` without its input checks, for callers whose shapes are right by construction
+    (the hooks). The fused kernel runs where it pays; elsewhere the same formula in plain torch ops:
 
-    Under `torch.compile` it is the same formula in plain pointwise ops (float32 multiply, one cast), which
-    inductor fuses into one kernel forward and one backward, and into neighbouring copies, which an opaque
-    custom op would prevent."""
+    - under `torch.compile` (float32 multiply, one cast): inductor fuses them into one kernel forward and one
+      backward, and into neighbouring copies, which an opaque custom op would prevent;
+    - host-bound calls (`host_bound`: eager decode): the torch path's ops (`gate.apply_gate`'s formula), fewer
+      host steps than a Triton launch.
+    """
+    from .reference import sigmoid_gate
+
     if torch.compiler.is_compiling():
-        from .reference import sigmoid_gate
-
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
+    if host_bound(values.shape[:-2].numel(), values):
+        return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
     if values.device.type != "cuda":
         _require_triton(values.device)
     if torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad):

@@ -6,12 +6,16 @@ parameter: `merge_query_gate` moves `q_proj.weight` and `attn_gate.weight` (and 
 and makes both parameters views of it, so their names, shapes, values, `state_dict`, optimizers, PEFT LoRA
 (it wraps `q_proj` and calls this `forward` as its base layer) and `unpatch` see nothing different; only the
 query projection's `forward` (on that instance) changes: one GEMM on the merged buffer, `q` returned, `z`
-stashed for the gate. Its backward is one GEMM for dX and one for the merged weight gradient.
+stashed for the gate.
 
-Falls back to two GEMMs, the reference computation (same values up to GEMM rounding), whenever the merge
-cannot hold: the parameters no longer share the buffer (`model.to(...)`, `load_state_dict(assign=True)`,
-FSDP's flat parameters, a LoRA merge that reassigned `.data`), `torch.compile` tracing (the compiled graph
-runs the two GEMMs), or a projection that is not a plain `nn.Linear` (not merged at patch time).
+The one GEMM runs for inference on more than a few tokens (prefill) and inside CUDA-graph capture (decode
+under graphs). Everywhere else the two GEMMs of the reference computation run (same values up to GEMM
+rounding), because they measured faster there on an H200 (benchmarks/results/gpu/run1-270be43): training
+(the merged GEMM's backward and the output it keeps alive cost x1.09-1.11 per step against x1.06 for the
+torch path), eager decode (host-bound: fewer Python steps win), `torch.compile` tracing; and wherever the
+merge cannot hold: the parameters no longer share the buffer (`model.to(...)`, `load_state_dict(assign=True)`,
+FSDP's flat parameters, a LoRA merge that reassigned `.data`), or a projection that is not a plain
+`nn.Linear` (not merged at patch time).
 """
 
 from __future__ import annotations
@@ -20,49 +24,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .ops import host_bound
+
 # marks the `forward` set on a query projection instance (removed by `restore_query_projection`)
 _OURS = "_hf_gate_attention_merged_query_gate"
-
-
-class _MergedLinear(torch.autograd.Function):
-    """`(q, z) = split(X [W_q; W_g]^T + [b_q; b_g])` with one GEMM each way.
-
-    `weight (n_q + n_g, hidden)` and `bias (n_q + n_g,)` are the merged buffers the parameters are views of;
-    they are inputs only to be saved, gradients go to the parameters."""
-
-    @staticmethod
-    def forward(ctx, x, q_weight, gate_weight, q_bias, gate_bias, weight, bias):
-        device_type = x.device.type
-        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        with torch.autocast(device_type, enabled=False):
-            x_ = x if dtype is None else x.to(dtype)
-            weight_ = weight if dtype is None else weight.to(dtype)
-            bias_ = bias if dtype is None else bias.to(dtype)
-            y = F.linear(x_, weight_, bias_)  # (..., n_q + n_g)
-        ctx.save_for_backward(x_, weight_)
-        ctx.split = q_weight.shape[0]
-        ctx.dtypes = (x.dtype, weight.dtype)
-        ctx.has_q_bias = q_bias is not None
-        return y[..., : ctx.split], y[..., ctx.split :]
-
-    @staticmethod
-    def backward(ctx, grad_q, grad_z):
-        x, weight = ctx.saved_tensors
-        grad_y = torch.cat([grad_q, grad_z], dim=-1).flatten(0, -2)  # (N, n_q + n_g)
-        x_rows = x.reshape(-1, x.shape[-1])  # (N, hidden)
-        needs = ctx.needs_input_grad
-        split, (x_dtype, weight_dtype) = ctx.split, ctx.dtypes
-        grad_x = (grad_y @ weight).view(x.shape).to(x_dtype) if needs[0] else None
-        grad_wq = grad_wg = grad_bq = grad_bg = None
-        if needs[1]:  # both weights: one GEMM, then views
-            grad_w = (grad_y.T @ x_rows).to(weight_dtype)
-            grad_wq, grad_wg = grad_w[:split], grad_w[split:]
-        elif needs[2]:  # the gate only (train_gates_only)
-            grad_wg = (grad_y[:, split:].T @ x_rows).to(weight_dtype)
-        if needs[3] or needs[4]:
-            grad_b = grad_y.sum(0).to(weight_dtype)
-            grad_bq, grad_bg = grad_b[:split] if needs[3] else None, grad_b[split:]
-        return grad_x, grad_wq, grad_wg if needs[2] else None, grad_bq, grad_bg, None, None
 
 
 def _view_of(param: torch.Tensor, buffer: torch.Tensor, start: int) -> bool:
@@ -109,23 +74,25 @@ def _merged_forward(query: nn.Linear, gate: nn.Module, block_patch, weight: torc
     def merged(x):
         """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]`."""
         q_bias = query.bias
-        if torch.compiler.is_compiling() or not (
-            _view_of(query.weight, weight, 0)
-            and _view_of(gate.weight, weight, n_q)
-            and _view_of(gate.bias, bias, n_q)
-            and (q_bias is None or _view_of(q_bias, bias, 0))
+        if (
+            torch.compiler.is_compiling()
+            or (
+                torch.is_grad_enabled()
+                and (x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad)
+            )
+            or host_bound(x.shape[:-1].numel(), x)
+            or not (
+                _view_of(query.weight, weight, 0)
+                and _view_of(gate.weight, weight, n_q)
+                and _view_of(gate.bias, bias, n_q)
+                and (q_bias is None or _view_of(q_bias, bias, 0))
+            )
         ):
             block_patch.stash["logits"] = gate.logits(x=x)
             return F.linear(x, query.weight, q_bias)
-        if torch.is_grad_enabled() and (
-            x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad
-        ):
-            q, z = _MergedLinear.apply(x, query.weight, gate.weight, q_bias, gate.bias, weight, bias)
-        else:
-            y = F.linear(x, weight, bias)  # (..., n_q + n_g)
-            q, z = y[..., :n_q], y[..., n_q:]
-        block_patch.stash["logits"] = z.unflatten(-1, shape)
-        return q
+        y = F.linear(x, weight, bias)  # (..., n_q + n_g)
+        block_patch.stash["logits"] = y[..., n_q:].unflatten(-1, shape)
+        return y[..., :n_q]
 
     return merged
 

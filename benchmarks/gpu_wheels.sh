@@ -13,6 +13,9 @@
 #             tokenizers and safetensors (transformers checks their versions when imported)
 #   recipes:  accelerate, peft and their needs (the Trainer runs of tests/gpu/test_cuda_recipes.py); pillow
 #             (tests/test_classification.py, whose tiny assets the classification run reuses, imports it)
+#   metrics:  evaluate, nltk, absl-py and their small needs, and rouge-score (published as a source archive
+#             only: built here into a pure-Python wheel): `hf_gate_attention.recipes` refuses to import
+#             without them (the first GPU run's recipe checks failed on that)
 #   datasets: datasets and its small needs (dill, multiprocess, xxhash, fsspec, requests, ...): the
 #             summarization, classification and distillation recipes import it
 #   arrow:    pyarrow, pandas and numpy, which datasets needs too (~80 MiB with pyarrow's 53): added only while
@@ -37,6 +40,7 @@ recipe_pkgs=(accelerate psutil peft tqdm pillow)
 datasets_pkgs=(datasets dill multiprocess xxhash fsspec filelock requests charset_normalizer idna urllib3 certifi
   python-dateutil six)
 arrow_pkgs=(pyarrow pandas numpy)
+metric_pkgs=(evaluate nltk absl-py joblib click regex)
 
 # "name==version" of each package our .venv has (skipped with a note when it has none)
 specs_of() {
@@ -64,8 +68,9 @@ staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
 before=$(ls .gpu-wheels)
 
-mapfile -t specs < <(specs_of "${test_pkgs[@]}" "${recipe_pkgs[@]}" "${datasets_pkgs[@]}")
+mapfile -t specs < <(specs_of "${test_pkgs[@]}" "${recipe_pkgs[@]}" "${datasets_pkgs[@]}" "${metric_pkgs[@]}")
 download .gpu-wheels "${specs[@]}"
+"$PY" -m pip wheel -q --no-deps -w .gpu-wheels "$(specs_of rouge-score)" 2>&1 | grep -v "^WARNING: Location" || true
 
 mapfile -t specs < <(specs_of "${arrow_pkgs[@]}")
 download "$staging" "${specs[@]}"

@@ -418,23 +418,27 @@ def gate_multiply_unchecked(
     values: torch.Tensor, gate_logits: torch.Tensor, gate_scale: float, keep: torch.Tensor | None
 ) -> torch.Tensor:
     """`sigmoid_gate_multiply` without its input checks, for callers whose shapes are right by construction
-    (the hooks). The fused kernel runs where it pays; elsewhere the same formula in plain torch ops:
+    (the hooks). The fused kernel runs where it measured faster on an H200 (benchmarks/results/gpu/): in
+    inference on more than `HOST_BOUND_TOKENS` tokens or inside CUDA-graph capture. Elsewhere the same formula
+    in plain torch ops:
 
     - under `torch.compile` (float32 multiply, one cast): inductor fuses them into one kernel forward and one
       backward, and into neighbouring copies, which an opaque custom op would prevent;
-    - host-bound calls (`host_bound`: eager decode): the torch path's ops (`gate.apply_gate`'s formula), fewer
-      host steps than a Triton launch.
+    - training (gradients needed): the torch path's ops (`gate.apply_gate`'s formula) measured faster per
+      step, x1.075 / x1.087 the ungated time against x1.095 / x1.110 with the kernel's forward and backward
+      (headwise / elementwise, 4k tokens; the kernel used less memory: x1.017 / x1.042 against x1.018 /
+      x1.075);
+    - host-bound calls (`host_bound`: eager decode): the same ops, fewer host steps than a Triton launch.
     """
     from .reference import sigmoid_gate
 
     if torch.compiler.is_compiling():
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
-    if host_bound(values.shape[:-2].numel(), values):
+    needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
+    if needs_grad or host_bound(values.shape[:-2].numel(), values):
         return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
     if values.device.type != "cuda":
         _require_triton(values.device)
-    if torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad):
-        return SigmoidGateMultiply.apply(values, gate_logits, keep, float(gate_scale))
     from .gate_multiply import gate_multiply_forward
 
     return gate_multiply_forward(values, gate_logits, keep, gate_scale)

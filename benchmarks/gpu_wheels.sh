@@ -89,6 +89,10 @@ else
 fi
 
 sed -i -e 's|/tmp/site |/tmp/gpu/site-packages |g' -e 's|/tmp/site:|/tmp/gpu/site-packages:|g' .gpu-wheels/env.sh
+# Hugging Face's `kernels` (from prepare.sh) is optional for transformers; with it, Trainer runs of a Llama on
+# the GPU kernelized the model on `model.train()` and failed offline ("Version 2 of 'kernels-community/rotary'
+# is not available in the local cache", the third GPU run's summarization and distillation checks)
+rm -f .gpu-wheels/kernels-*.whl
 
 echo "added to .gpu-wheels/ (KiB):"
 for wheel in .gpu-wheels/*.whl; do

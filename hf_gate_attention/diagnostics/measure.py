@@ -148,14 +148,14 @@ class _Recorder:
         """`gate: (1, L, G, w)` before top-k selection, `keep: (1, L, G)` or None."""
         values = gate[0].detach().float().transpose(0, 1).flatten(1)  # (G, L*w)
         totals = self.gates.get(layer)
-        if totals is None:
-            heads = values.shape[0]
+        if totals is None:  # on the gates' device (the Trainer callback records them on the GPU)
+            heads, on = values.shape[0], {"dtype": torch.float64, "device": values.device}
             totals = self.gates[layer] = {
-                "sum": torch.zeros(heads, dtype=torch.float64),
+                "sum": torch.zeros(heads, **on),
                 "count": 0,
-                "low": torch.zeros(heads, dtype=torch.float64),
-                "histogram": torch.zeros(heads, GATE_HISTOGRAM_BINS, dtype=torch.float64),
-                "kept": None if keep is None else torch.zeros(heads, dtype=torch.float64),
+                "low": torch.zeros(heads, **on),
+                "histogram": torch.zeros(heads, GATE_HISTOGRAM_BINS, **on),
+                "kept": None if keep is None else torch.zeros(heads, **on),
                 "tokens": 0,
                 "scale": scale,
             }

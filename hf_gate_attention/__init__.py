@@ -13,8 +13,9 @@ The package, by room (imports flow down this list only):
 - `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
 - `kernels`: fused Triton kernels beside their PyTorch references, custom ops, the Triton backends.
 - `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
-- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`: shared helpers (atomic
-  files and JSON, tables, the article's claims, peak memory, offline model copies and their names, PNGs).
+- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`, `version`: shared helpers
+  (atomic files and JSON, tables, the article's claims, peak memory, offline model copies and their names,
+  PNGs, the version).
 
 `import hf_gate_attention` loads only `core` and the kernels' backend registrations (Triton itself is
 imported on first use); the sharing names below are imported on first use.

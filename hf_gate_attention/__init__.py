@@ -13,8 +13,9 @@ The package, by room (imports flow down this list only):
 - `sharing`: save/load, the code shipped for `trust_remote_code`, the Hub, model cards.
 - `kernels`: fused Triton kernels beside their PyTorch references, custom ops, the Triton backends.
 - `core`: `GateConfig`, model families, the gate module, hooks, `patch`/`unpatch` (torch + transformers only).
-- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`: shared helpers (atomic
-  files and JSON, tables, the article's claims, peak memory, offline model copies and their names, PNGs).
+- `files`, `formatting`, `claims`, `memory`, `offline`, `known_models`, `plotting`, `version`: shared helpers
+  (atomic files and JSON, tables, the article's claims, peak memory, offline model copies and their names,
+  PNGs, the version).
 
 `import hf_gate_attention` loads only `core` and the kernels' backend registrations (Triton itself is
 imported on first use); the sharing names below are imported on first use.
@@ -36,9 +37,28 @@ from .core.patching import (
     patch,
     unpatch,
 )
+from .core.patching import register_instance_method as _register_instance_method
 from .kernels import backends as _kernel_backends  # noqa: F401 (registers "fused_gate" and "triton")
+from .version import __version__ as __version__
 
-__version__ = "0.1.0"
+
+def _save_pretrained(model, *args, **kwargs):
+    """transformers' `save_pretrained` plus the gate code for `trust_remote_code` (`sharing.saving`)."""
+    from .sharing.saving import save_pretrained
+
+    return save_pretrained(model, *args, **kwargs)
+
+
+def _push_to_hub(model, *args, **kwargs):
+    """Push with a model card (`sharing.hub.push_to_hub`)."""
+    from .sharing.hub import push_to_hub
+
+    return push_to_hub(model, *args, **kwargs)
+
+
+# bound on every patched instance by `patch`; the sharing code is imported on first call
+_register_instance_method("save_pretrained", _save_pretrained)
+_register_instance_method("push_to_hub", _push_to_hub)
 
 # public name -> module that defines it, imported on first access (PEP 562): the Hub client and the card
 # renderer stay unloaded for users who only patch

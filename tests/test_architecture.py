@@ -1,11 +1,11 @@
 """The package's rooms and the direction of their imports (see the README's architecture section).
 
-Module-level imports flow one way: core -> kernels -> sharing -> recipes -> cli/demo, with `diagnostics`
-(core + helpers only) usable from the recipes and the command line, and the small shared helpers (`files`,
-`formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`) from any room above the core.
-`core` imports only torch, transformers and itself at module level; it never imports the kernels, not even
-inside functions (they register their backends into `core.backends`), and reaches the sharing code only
-inside functions (the `save_pretrained`/`push_to_hub` bound on patched instances).
+Imports, at module level and inside functions, flow one way: core -> kernels -> sharing -> recipes ->
+cli/demo, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and the small
+shared helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`, `version`)
+from any room above the core; no module reaches itself through imports. `core` imports only torch,
+transformers and itself: what runs above it registers into it (the kernels' backends into `core.backends`,
+the `save_pretrained`/`push_to_hub` bound on patched instances into `core.patching`, by the package root).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ALLOWED = {
     "recipes": {"recipes", "diagnostics", "sharing", "kernels", "core", "helpers"},
     "top": {"top", "recipes", "diagnostics", "sharing", "kernels", "core", "helpers"},
 }
-HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline", "plotting"}
+HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline", "plotting", "version"}
 
 
 def _room(module: str) -> str:
@@ -44,43 +44,56 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports(path: Path) -> set[str]:
-    """The hf_gate_attention modules that `path` imports at module level (relative imports resolved)."""
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "rouge_metric" not in p.parts)
+NAMES = {_module_name(p) for p in MODULES}
+
+
+def imports(path: Path) -> set[str]:
+    """The hf_gate_attention modules that `path` imports, at module level or inside functions (relative
+    imports resolved; `from package import module` names the module, `from module import name` the module)."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base]) if base else ".".join(anchor)
-            found.add(base)
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in NAMES else base for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {m for m in found if m == "hf_gate_attention" or m.startswith("hf_gate_attention.")}
 
 
-MODULES = sorted(p for p in PACKAGE.rglob("*.py") if "rouge_metric" not in p.parts)
-
-
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_module_level_imports_flow_one_way(path):
+def test_imports_flow_one_way_even_inside_functions(path):
     room = _room(_module_name(path))
-    for imported in module_level_imports(path):
+    for imported in imports(path):
         assert _room(imported) in ALLOWED[room], f"{_module_name(path)} ({room}) imports {imported}"
 
 
-def test_core_never_imports_the_kernels_not_even_inside_functions():
-    for path in sorted((PACKAGE / "core").glob("*.py")):
-        package = _module_name(path).rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base])
-                assert not base.startswith("hf_gate_attention.kernels"), f"{path.name} imports {base}"
+def test_no_import_circles():
+    """No module reaches itself through imports, counting those inside functions (a depth-first search over
+    the package's import graph)."""
+    graph = {_module_name(path): sorted(imports(path) & NAMES) for path in MODULES}
+    circles, state, stack = [], {}, []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        stack.append(module)
+        for imported in graph[module]:
+            if state.get(imported) == "open":
+                circles.append(" -> ".join([*stack[stack.index(imported) :], imported]))
+            elif imported not in state:
+                visit(imported)
+        stack.pop()
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(circles)
 
 
 def test_every_room_says_what_it_is_for():
@@ -112,9 +125,10 @@ config = transformers.LlamaConfig(vocab_size=50, hidden_size=16, intermediate_si
 model = hf_gate_attention.patch(transformers.LlamaForCausalLM(config), variant="qk")
 model(torch.tensor([[1, 2, 3]]))
 hf_gate_attention.unpatch(model)
-ours = sorted(m for m in sys.modules if m.startswith("hf_gate_attention."))
+ours = sorted(m for m in sys.modules if m.startswith("hf_gate_attention.") and not m.endswith(".version"))
 print(ours)
 # the kernels register their backends (Triton itself is not imported); nothing of sharing or the recipes loads
+# (beyond the package version)
 assert all(m.startswith(("hf_gate_attention.core", "hf_gate_attention.kernels")) for m in ours), ours
 """
     )

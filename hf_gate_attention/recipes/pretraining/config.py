@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ...core.config import GateConfig
 from ..summarization.config import RecipeConfigBase, RunSpec, check_shared_keys
 
+CONFIG_FILE = "config.json"  # the StudyConfig in `<output_dir>/<name>/`, identity of the folder
 # keys that say where the study lives or how this invocation behaves; never part of its identity
 INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend", "corpus_archives", "cache_dir")
 

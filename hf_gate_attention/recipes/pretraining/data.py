@@ -1,5 +1,6 @@
 """Tokenizer and token blocks of the pretraining study: a byte-level BPE trained on the training split only,
-and each split as one stream of documents (each followed by EOS) cut into blocks of `seq_len` tokens."""
+and each split as one stream of documents (each followed by EOS) cut into blocks of `seq_len` tokens;
+`prepare_data` builds both from the study's corpus (the training jobs and the report read the same)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import torch
 
 from ...files import atomic_write_bytes, atomic_write_json, read_json
-from .corpus import read_split
+from .config import StudyConfig
+from .corpus import build_corpus, download_sources, read_split
 
 EOS = "<|endoftext|>"
 TOKENIZER_DIR = "tokenizer"
@@ -88,3 +90,35 @@ class BlockDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict:
         block = self.blocks[index].long()
         return {"input_ids": block, "labels": block}
+
+
+def corpus_folder(config: StudyConfig) -> Path:
+    """The corpus folder: built from the pinned archives for `corpus: offline`, else the given folder."""
+    if config.corpus != "offline":
+        folder = Path(config.corpus)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"corpus folder {folder} does not exist (or use corpus: offline)")
+        return folder
+    archives = Path(config.corpus_archives)
+    download_sources(archives)
+    folder = Path(config.cache_dir) / "corpus"
+    build_corpus(archives, folder)
+    return folder
+
+
+def prepare_data(config: StudyConfig):
+    """`(tokenizer, {"train", "validation", "test"}: (N, seq_len) blocks)`."""
+    corpus = corpus_folder(config)
+    tokenizer = train_tokenizer(
+        corpus, Path(config.cache_dir) / f"tokenizer-{config.vocab_size}", config.vocab_size
+    )
+    blocks = {
+        split: token_blocks(corpus, split, tokenizer, config.seq_len, Path(config.cache_dir) / "blocks")
+        for split in ("train", "validation", "test")
+    }
+    for split, minimum in (("validation", config.validation_blocks), ("test", config.test_blocks)):
+        if blocks[split].shape[0] < minimum:
+            raise ValueError(
+                f"the {split} split has {blocks[split].shape[0]} blocks, fewer than {minimum} asked"
+            )
+    return tokenizer, blocks

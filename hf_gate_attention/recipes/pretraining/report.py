@@ -17,8 +17,8 @@ from ...diagnostics.callback import per_layer
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...formatting import gate_label, table
 from ...plotting import pyplot, save_figure
-from .config import StudyConfig
-from .study import CONFIG_FILE
+from .config import CONFIG_FILE, StudyConfig
+from .data import prepare_data
 from .train import METRICS_FILE, build_model
 
 # two-sided 95 % Student t quantiles by degrees of freedom (CIs over seeds)
@@ -232,8 +232,6 @@ def _plots(config: StudyConfig, metrics: dict, sweep: dict, out_dir: Path) -> li
 
 
 def _setup(config: StudyConfig) -> str:
-    from .study import prepare_data
-
     tokenizer, blocks = prepare_data(config)
     job = config.jobs()[0]
     params = sum(

@@ -15,14 +15,12 @@ import shutil
 from pathlib import Path
 
 from ...files import atomic_write_json, read_json
-from .config import StudyConfig
-from .corpus import build_corpus, download_sources
-from .data import token_blocks, train_tokenizer
+from .config import CONFIG_FILE, StudyConfig
+from .data import prepare_data
+from .report import write_report
 from .train import is_finished, train_job
 
 logger = logging.getLogger(__name__)
-
-CONFIG_FILE = "config.json"
 
 
 def claim_study_dir(config: StudyConfig) -> None:
@@ -48,42 +46,8 @@ def claim_study_dir(config: StudyConfig) -> None:
     atomic_write_json(run_dir / CONFIG_FILE, config.to_dict())
 
 
-def corpus_folder(config: StudyConfig) -> Path:
-    """The corpus folder: built from the pinned archives for `corpus: offline`, else the given folder."""
-    if config.corpus != "offline":
-        folder = Path(config.corpus)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"corpus folder {folder} does not exist (or use corpus: offline)")
-        return folder
-    archives = Path(config.corpus_archives)
-    download_sources(archives)
-    folder = Path(config.cache_dir) / "corpus"
-    build_corpus(archives, folder)
-    return folder
-
-
-def prepare_data(config: StudyConfig):
-    """`(tokenizer, {"train", "validation", "test"}: (N, seq_len) blocks)`."""
-    corpus = corpus_folder(config)
-    tokenizer = train_tokenizer(
-        corpus, Path(config.cache_dir) / f"tokenizer-{config.vocab_size}", config.vocab_size
-    )
-    blocks = {
-        split: token_blocks(corpus, split, tokenizer, config.seq_len, Path(config.cache_dir) / "blocks")
-        for split in ("train", "validation", "test")
-    }
-    for split, minimum in (("validation", config.validation_blocks), ("test", config.test_blocks)):
-        if blocks[split].shape[0] < minimum:
-            raise ValueError(
-                f"the {split} split has {blocks[split].shape[0]} blocks, fewer than {minimum} asked"
-            )
-    return tokenizer, blocks
-
-
 def run_study(config: StudyConfig) -> Path:
     """Train every job not finished yet (`config.jobs()` order), then write the report; returns the folder."""
-    from .report import write_report
-
     claim_study_dir(config)
     tokenizer, blocks = prepare_data(config)
     jobs = config.jobs()

@@ -1,19 +1,7 @@
-"""Gated attention published in other layouts: the gate packed into a wider `q_proj`, converted to and from
-ours (`attn_gate.weight (H*w, hidden)`, `attn_gate.bias (H*w,)`, variant `output`, `init="paper"`).
-
-Shapes: `H` query heads, `KV` key/value heads, `G = H // KV` query heads per key/value group, `D` head_dim,
-`w` = 1 (headwise) or `D` (elementwise). Both layouts gate the attention output with `sigmoid(gate)` before
-`o_proj`, which is our `variant="output", init="paper"` gate with the gate rows of `q_proj` as its weight.
-
-- `"paper"` (Qiu et al., github.com/qiuzh20/gated_attention, `model_type: "qwen3"` with the flags
-  `headwise_attn_output_gate` / `elementwise_attn_output_gate`): `q_proj: (H*D + H*w, hidden)` laid out per
-  key/value group, `[G*D query rows | G*w gate rows]` for each of the `KV` groups.
-- `"qwen3_next"` (transformers' `Qwen3NextAttention`, also Qwen3.5): `q_proj: (2*H*D, hidden)` laid out per
-  head, `[D query rows | D gate rows]` for each of the `H` heads; always elementwise.
-
-Whole paper checkpoints load with `load_paper_checkpoint` (also through `hf_gate_attention.from_pretrained`)
-and are written with `save_in_paper_layout`; a Qwen3-Next layer converts at state-dict level
-(`qwen3_next_attention_to_ours` / `ours_to_qwen3_next_attention`).
+"""The paper's checkpoints (Qiu et al., github.com/qiuzh20/gated_attention): `model_type: "qwen3"` with
+the flags `headwise_attn_output_gate` / `elementwise_attn_output_gate` and the gate packed per key/value
+group into `q_proj` (`packing.py`). Loaded as our patched Qwen3 (or Llama) with `load_paper_checkpoint`,
+written with `save_in_paper_layout`.
 """
 
 from __future__ import annotations
@@ -27,14 +15,14 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers.utils import cached_file
 
-from ..core.config import GateConfig
-from ..core.families import DECODER
-from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, find_attention_blocks, unwrap_model
-from ..core.patching import gate_config_of, is_patched, patch
-from ..files import atomic_write_json, staged_folder
-from .loading import checkpoint_tensors
+from ...core.config import GateConfig
+from ...core.families import DECODER
+from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, find_attention_blocks, unwrap_model
+from ...core.patching import gate_config_of, is_patched, patch
+from ...files import atomic_write_json, staged_folder
+from ..tensors import checkpoint_tensors
+from .packing import head_geometry, pack_q_proj, split_q_proj
 
-LAYOUTS = ("paper", "qwen3_next")
 PAPER_FLAGS = {"headwise": "headwise_attn_output_gate", "elementwise": "elementwise_attn_output_gate"}
 # config keys of the paper's Qwen3 that transformers' classes do not have
 PAPER_ONLY_KEYS = (*PAPER_FLAGS.values(), "use_qk_norm", "qkv_bias")
@@ -44,118 +32,7 @@ QWEN3_ONLY_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers", 
 PAPER_MODEL_TYPES = {"qwen3": True, "llama": False}
 PAPER_ARCHITECTURE = "Qwen3ForCausalLM"
 HUB_KWARGS = ("revision", "token", "cache_dir", "subfolder", "local_files_only", "force_download")
-# Qwen3-Next config fields that must equal the target qwen3 config's for the attention to compute the same
-QWEN3_NEXT_MATCHING_FIELDS = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "attention_bias",
-)
 _QUERY, _OUTPUT = DECODER.query, DECODER.output  # "q_proj", "o_proj" in llama and qwen3
-
-
-# ---- q_proj packing -------------------------------------------------------------------------------------
-
-
-def _check_heads(num_heads: int, num_kv_heads: int) -> None:
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(
-            f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}; "
-            "grouped-query attention needs whole groups"
-        )
-
-
-def q_proj_widths(num_heads: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
-    """Output width of `q_proj` in each layout for this geometry (`plain`: ungated)."""
-    return {
-        "plain": num_heads * head_dim,
-        "paper headwise": num_heads * head_dim + num_heads,
-        "paper elementwise": 2 * num_heads * head_dim,
-        "qwen3_next": 2 * num_heads * head_dim,
-    }
-
-
-def _gate_width(layout: str, granularity: str, head_dim: int) -> int:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not valid; accepted values: {', '.join(LAYOUTS)}")
-    if layout == "qwen3_next" and granularity != "elementwise":
-        raise ValueError(f"the qwen3_next layout is elementwise only; got granularity={granularity!r}")
-    if granularity not in PAPER_FLAGS:
-        raise ValueError(f"granularity={granularity!r} is not valid; accepted values: headwise, elementwise")
-    return 1 if granularity == "headwise" else head_dim
-
-
-def _packed_rows(layout: str, num_heads: int, num_kv_heads: int, head_dim: int, gate_width: int):
-    """`(units, query rows per unit, gate rows per unit)`: `KV` groups (paper) or `H` heads (qwen3_next)."""
-    if layout == "paper":
-        group = num_heads // num_kv_heads
-        return num_kv_heads, group * head_dim, group * gate_width
-    return num_heads, head_dim, head_dim
-
-
-def split_q_proj(
-    tensor: torch.Tensor,
-    layout: str,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    granularity: str = "elementwise",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a packed `q_proj` weight `(rows, hidden)` or bias `(rows,)` into `(query, gate)`.
-
-    Returns the query part `(H*D, ...)` (heads head-major, as an ungated `q_proj`) and the gate part
-    `(H*w, ...)` (our `attn_gate` rows). `ValueError` when `rows` is the width of no layout.
-    """
-    _check_heads(num_heads, num_kv_heads)
-    gate_width = _gate_width(layout, granularity, head_dim)
-    units, query_rows, gate_rows = _packed_rows(layout, num_heads, num_kv_heads, head_dim, gate_width)
-    if tensor.shape[0] != units * (query_rows + gate_rows):
-        widths = ", ".join(
-            f"{name} {width}" for name, width in q_proj_widths(num_heads, num_kv_heads, head_dim).items()
-        )
-        raise ValueError(
-            f"q_proj has {tensor.shape[0]} output rows, which is not the {layout} {granularity} layout: for "
-            f"{num_heads} heads, {num_kv_heads} key/value heads and head_dim {head_dim} the layouts expect "
-            f"{widths}"
-        )
-    per_unit = tensor.unflatten(0, (units, query_rows + gate_rows))  # (units, query_rows + gate_rows, ...)
-    query, gate = per_unit.split([query_rows, gate_rows], dim=1)
-    return query.flatten(0, 1), gate.flatten(0, 1)  # (H*D, ...), (H*w, ...)
-
-
-def pack_q_proj(
-    query: torch.Tensor, gate: torch.Tensor, layout: str, num_heads: int, num_kv_heads: int, head_dim: int
-) -> torch.Tensor:
-    """The inverse of `split_q_proj`: `query (H*D, ...)` and `gate (H*w, ...)` -> the packed `q_proj` tensor;
-    the granularity is read off the gate's rows (`H`: headwise, `H*D`: elementwise)."""
-    _check_heads(num_heads, num_kv_heads)
-    granularities = {num_heads: "headwise", num_heads * head_dim: "elementwise"}
-    if query.shape[0] != num_heads * head_dim or gate.shape[0] not in granularities:
-        raise ValueError(
-            f"cannot pack q_proj rows: query has {query.shape[0]} rows (expected {num_heads * head_dim}), "
-            f"gate {gate.shape[0]} (expected {num_heads} headwise or {num_heads * head_dim} elementwise)"
-        )
-    gate_width = _gate_width(layout, granularities[gate.shape[0]], head_dim)
-    units, query_rows, gate_rows = _packed_rows(layout, num_heads, num_kv_heads, head_dim, gate_width)
-    per_unit = torch.cat(
-        [query.unflatten(0, (units, query_rows)), gate.unflatten(0, (units, gate_rows))], dim=1
-    )  # (units, query_rows + gate_rows, ...)
-    return per_unit.flatten(0, 1)
-
-
-def _geometry(config) -> dict:
-    """`num_heads`, `num_kv_heads`, `head_dim` of a transformers config (or a config dict)."""
-    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
-    num_heads = get("num_attention_heads")
-    num_kv_heads = get("num_key_value_heads") or num_heads
-    head_dim = get("head_dim") or get("hidden_size") // num_heads
-    _check_heads(num_heads, num_kv_heads)
-    return {"num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
-
-
-# ---- the paper's checkpoints ----------------------------------------------------------------------------
 
 
 def is_paper_config(config: dict) -> bool:
@@ -250,7 +127,7 @@ def paper_state_dict_to_ours(state: dict, config: dict) -> dict:
     `q_proj` split into the query rows and `attn_gate.weight`; `attn_gate.bias` from `q_proj.bias` (zeros
     when `qkv_bias` is false)."""
     granularity = paper_granularity(config)
-    geometry = _geometry(config)
+    geometry = head_geometry(config)
     converted = dict(state)
     for block in _attention_blocks(state):
         _check_output_width(state, block, geometry)
@@ -276,7 +153,7 @@ def ours_state_dict_to_paper(state: dict, model_config, biased: bool) -> dict:
     `biased` (the exported `qkv_bias`): the gate bias goes into `q_proj.bias`; k, v and o biases the model
     lacks are written as zeros (the same function). Without it a nonzero gate bias is refused.
     """
-    geometry = _geometry(model_config)
+    geometry = head_geometry(model_config)
     converted = dict(state)
     for block in _attention_blocks(state):
         gate_weight = converted.pop(f"{block}.{GATE_MODULE_NAME}.weight")
@@ -301,7 +178,7 @@ def paper_checkpoint_contents(folder: str) -> dict:
     `config`, `gate` (`init="paper"`), `total_params`, `added_params` (the gate rows of every `q_proj`),
     `gated_layers`, `gates_are_identity` (never: `sigmoid` starts at 0.5), plus `gate_tensors` (our
     `attn_gate` keys, split out of `q_proj`; only the attention projections are read)."""
-    from .card.inputs import parameter_count
+    from ..card.inputs import parameter_count
 
     config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     granularity = paper_granularity(config, source=folder)
@@ -458,91 +335,3 @@ def save_in_paper_layout(model: nn.Module, folder, *, overwrite: bool = False) -
     renamed; an existing non-empty `folder` is replaced only with `overwrite`."""
     with staged_folder(folder, overwrite=overwrite) as staging:
         write_paper_layout(model, staging)
-
-
-# ---- Qwen3-Next / Qwen3.5 attention layers --------------------------------------------------------------
-
-
-def check_qwen3_next_match(next_config, config) -> None:
-    """`ValueError` unless one full-attention layer of `next_config` (Qwen3-Next) and one attention block of
-    `config` (qwen3) compute the same function up to the gate's layout: the fields of
-    `QWEN3_NEXT_MATCHING_FIELDS` and the rotary parameters equal, and `partial_rotary_factor` 1 (qwen3 rotates
-    every channel of a head; Qwen3-Next by default only the first quarter)."""
-    problems = []
-    if config.model_type != "qwen3":
-        problems.append(
-            f"the target model_type is {config.model_type!r}, not 'qwen3' (Qwen3-Next has q/k norms)"
-        )
-    for field in QWEN3_NEXT_MATCHING_FIELDS:
-        theirs, ours = getattr(next_config, field, None), getattr(config, field, None)
-        if theirs != ours:
-            problems.append(f"{field} {theirs} (Qwen3-Next) != {ours}")
-    next_rope, our_rope = dict(next_config.rope_parameters or {}), dict(config.rope_parameters or {})
-    for side, rope in (("Qwen3-Next", next_rope), ("qwen3", our_rope)):
-        factor = rope.pop("partial_rotary_factor", 1.0)
-        if factor != 1.0:
-            problems.append(f"partial_rotary_factor {factor} ({side}) != 1.0 (qwen3 rotates every channel)")
-    if next_rope != our_rope:
-        problems.append(f"rotary parameters {next_rope} (Qwen3-Next) != {our_rope}")
-    if problems:
-        raise ValueError(f"Qwen3-Next attention cannot become this qwen3 attention: {'; '.join(problems)}")
-
-
-def qwen3_next_attention_to_ours(state: dict, next_config, config) -> dict:
-    """One Qwen3-Next attention layer's tensors -> one patched qwen3 attention block's.
-
-    Keys are relative to the layer (`q_proj.weight`, `k_proj.weight`, ..., `q_norm.weight`, `k_norm.weight`,
-    biases with `attention_bias`). `q_proj (2*H*D, hidden)` is split per head into the query rows and
-    `attn_gate.weight (H*D, hidden)` (elementwise, `init="paper"`); `attn_gate.bias` is the gate part of
-    `q_proj.bias`, or zeros. Qwen3-Next's zero-centred norms `x * (1 + w)` become qwen3's `x * w'` with
-    `w' = 1 + w` computed in float32, as Qwen3-Next computes it (returned in float32). The configs must match
-    (`check_qwen3_next_match`).
-    """
-    check_qwen3_next_match(next_config, config)
-    geometry = _geometry(config)
-    converted = dict(state)
-    for name in ("weight", "bias"):
-        packed = converted.pop(f"{_QUERY}.{name}", None)
-        if packed is not None:
-            converted[f"{_QUERY}.{name}"], converted[f"{GATE_MODULE_NAME}.{name}"] = split_q_proj(
-                packed, "qwen3_next", **geometry
-            )
-    gate_weight = converted[f"{GATE_MODULE_NAME}.weight"]
-    converted.setdefault(f"{GATE_MODULE_NAME}.bias", gate_weight.new_zeros(gate_weight.shape[0]))
-    for norm in ("q_norm.weight", "k_norm.weight"):
-        converted[norm] = state[norm].float() + 1.0
-    return converted
-
-
-def ours_to_qwen3_next_attention(state: dict, config, next_config) -> dict:
-    """The inverse of `qwen3_next_attention_to_ours`: one patched qwen3 attention block's tensors (keys
-    relative to the block, `attn_gate` elementwise with `init="paper"`) -> one Qwen3-Next attention layer's.
-
-    Norms: `w = w' - 1` in float32. Without `attention_bias` a nonzero gate bias cannot be represented
-    (`ValueError`). Exact round trip when `1 + w` is exact in float32 (e.g. bfloat16 norm weights).
-    """
-    check_qwen3_next_match(next_config, config)
-    geometry = _geometry(config)
-    converted = dict(state)
-    gate_weight = converted.pop(f"{GATE_MODULE_NAME}.weight")
-    gate_bias = converted.pop(f"{GATE_MODULE_NAME}.bias")
-    if gate_weight.shape[0] != geometry["num_heads"] * geometry["head_dim"]:
-        raise ValueError(
-            f"attn_gate.weight has {gate_weight.shape[0]} rows; Qwen3-Next gates are elementwise "
-            f"({geometry['num_heads']} heads * head_dim {geometry['head_dim']} rows)"
-        )
-    converted[f"{_QUERY}.weight"] = pack_q_proj(
-        converted[f"{_QUERY}.weight"], gate_weight, "qwen3_next", **geometry
-    )
-    if f"{_QUERY}.bias" in converted:
-        converted[f"{_QUERY}.bias"] = pack_q_proj(
-            converted[f"{_QUERY}.bias"], gate_bias, "qwen3_next", **geometry
-        )
-    elif gate_bias.any():
-        raise ValueError(
-            "the gate bias is nonzero but attention_bias is false: Qwen3-Next keeps the gate bias in "
-            "q_proj.bias"
-        )
-    for norm in ("q_norm.weight", "k_norm.weight"):
-        converted[norm] = state[norm].float() - 1.0
-    return converted

@@ -6,11 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import loss_steps, tiny_config, tiny_model, torchrun, write_config
+from helpers import REPO, loss_steps, tiny_config, tiny_model, torchrun, write_config
 from test_recipe import StopAtStep
 
 from hf_gate_attention import patch
@@ -252,7 +251,7 @@ def test_teacher_folder_that_is_not_gated_or_missing_is_named(tiny_assets, teach
 
 
 def test_the_preset_reads_and_distills_the_reproductions_teacher():
-    preset = Path(__file__).parents[1] / "recipes" / "distillation" / "configs" / "distill.yaml"
+    preset = REPO / "recipes" / "distillation" / "configs" / "distill.yaml"
     config = load_config(preset, config_class=DistillationConfig)
     assert config.teacher == "results/reproduce/output-headwise/model" and config.student_num_layers == 15
     assert [r.name for r in config.runs] == [r["name"] for r in DISTILL_RUNS]

@@ -7,7 +7,7 @@ for the output and every gradient.
 
 The kernels run through the Triton interpreter on CPU (`TRITON_INTERPRET=1`, the default here), blocks of 16,
 so small shapes still span several blocks, partial blocks and the causal diagonal. On a CUDA machine,
-`TRITON_INTERPRET=0 pytest tests/test_kernels.py` runs the same tests on the GPU.
+`TRITON_INTERPRET=0 pytest tests/kernels/test_kernels.py` runs the same tests on the GPU.
 """
 
 from __future__ import annotations

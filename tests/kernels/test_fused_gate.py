@@ -1,7 +1,7 @@
 """`backend="fused_gate"`: the model's own attention, the output gate's logits from the query GEMM (one merged
 buffer, `kernels/query_gate.py`) and one fused gate pass; and the backend contract (`core/backends.py`).
 
-Every parameter's gradient against `backend="torch"` on every family: tests/test_backend_gradients.py. Here:
+Every parameter's gradient against `backend="torch"` on every family: test_backend_gradients.py. Here:
 the merge itself (active, equal, undone), its fallbacks, PEFT LoRA, saving, autocast, `torch.compile`, and
 what `"auto"` picks. On CPU the kernels run through Triton's interpreter (conftest).
 """

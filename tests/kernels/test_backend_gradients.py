@@ -124,7 +124,7 @@ def test_every_gradient_matches_torch_for_the_other_gates(model_type, variant, g
 
 
 # the tiny configs of mistral, gemma2 and gemma3_text set a sliding window, which the fused attention refuses
-# (tests/test_fused_backend.py); every other registered model type runs on it
+# (tests/kernels/test_fused_backend.py); every other registered model type runs on it
 FUSED_MODEL_TYPES = [t for t in TINY_MODELS if t not in ("mistral", "gemma2", "gemma3_text")]
 
 

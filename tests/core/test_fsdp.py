@@ -42,6 +42,7 @@ from torch.distributed.tensor import Shard
 
 from hf_gate_attention import from_pretrained, gate_parameters, patch
 
+pytestmark = pytest.mark.slow  # a 2-process torchrun
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 WORLD_SIZE = 2
 GATE = {"variant": "output", "granularity": "headwise", "init": "paper"}  # as in the worker

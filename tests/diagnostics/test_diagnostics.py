@@ -284,6 +284,7 @@ def _train(tmp_path, callback_factory, max_steps=4, resume=False):
     return trainer, callback
 
 
+@pytest.mark.slow
 def test_callback_logs_gate_statistics_into_the_trainer_logs_and_a_file(tmp_path):
     out = tmp_path / "diag.json"
 
@@ -338,6 +339,7 @@ def test_cli_writes_json_and_plots_and_prints_a_table(tmp_path, capsys):
     assert (out / "layers.png").is_file()
 
 
+@pytest.mark.slow
 def test_cli_backend_flag_chooses_what_runs_the_gates(tmp_path, capsys):
     model_dir = make_tiny_model(tmp_path / "model")
     gated = tmp_path / "gated"
@@ -410,6 +412,7 @@ def test_diagnosis_does_not_touch_model_outputs_of_task_heads():
     assert torch.equal(first_output(model(**inputs)), reference)
 
 
+@pytest.mark.slow
 def test_a_comparisons_models_are_diagnosed_and_missing_ones_named(recipe_results, tmp_path):
     import shutil
 
@@ -450,6 +453,7 @@ def test_where_the_largest_weight_sits_is_counted_per_query():
     assert sums["top1_at_self"] == [0.0, 0.5] and sums["top1_at_first"] == [0.0, 0.5]
 
 
+@pytest.mark.slow
 def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_results, tmp_path):
     import shutil
 

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from hf_gate_attention import patch
 
+pytestmark = pytest.mark.slow  # the whole grid; test_fused_backend.py keeps a quick triton check
 # model type per family layout -> config overrides that give 17 image tokens (across one block of 16)
 FAMILY_MODEL_TYPES = {"llama": {}, "phi3": {}, "bert": {}, "vit": {"image_size": 20, "patch_size": 5}}
 RTOL, ATOL_OF_MAX = 1e-4, 1e-6

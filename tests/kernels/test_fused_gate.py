@@ -199,6 +199,7 @@ def test_autocast_bfloat16_training_step_is_close_to_the_reference():
 
 @pytest.mark.parametrize("backend", ["torch", "fused_gate"])
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_torch_compile_fullgraph_forward_and_backward(variant, backend):
     """No graph break (fullgraph=True) in forward and backward; equal to eager. Under tracing the merged
     projection runs as two GEMMs and the fused pass as its custom op."""

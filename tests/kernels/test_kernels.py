@@ -96,15 +96,21 @@ class Case:
         )
 
 
+SLOW = pytest.mark.slow  # the two largest cases (seconds each through the interpreter)
 CASES = [
-    Case(2, 113, 3, 1, 64, causal=True, padding="left", gate="headwise", dtype="bf16"),
+    pytest.param(
+        Case(2, 113, 3, 1, 64, causal=True, padding="left", gate="headwise", dtype="bf16"), marks=SLOW
+    ),
     Case(1, 77, 3, 1, 64, causal=False, padding="right", gate="elementwise", dtype="fp32"),
     Case(1, 17, 4, 2, 32, causal=True, padding="none", gate="elementwise", dtype="fp16"),
     Case(2, 1, 2, 2, 80, causal=False, padding="none", gate="headwise", dtype="fp32"),
     Case(2, 1, 4, 2, 96, causal=True, padding="left", gate="headwise", dtype="bf16", keys=40),
     Case(1, 24, 4, 1, 128, causal=True, padding="none", gate="elementwise", dtype="fp32", keys=57),
     Case(2, 40, 4, 2, 32, causal=True, padding="right", gate="headwise", dtype="fp16", top_k=2),
-    Case(2, 50, 3, 3, 96, causal=False, padding="left", gate="elementwise", dtype="bf16", top_k=1),
+    pytest.param(
+        Case(2, 50, 3, 3, 96, causal=False, padding="left", gate="elementwise", dtype="bf16", top_k=1),
+        marks=SLOW,
+    ),
     Case(1, 33, 2, 2, 128, causal=False, padding="none", gate="none", dtype="bf16"),
     Case(1, 9, 4, 2, 8, causal=True, padding="right", gate="elementwise", dtype="fp32"),
 ]
@@ -180,6 +186,7 @@ def test_gated_flash_attention_takes_strided_inputs():
     )
 
 
+@pytest.mark.slow
 def test_top_k_skips_dropped_tiles():
     """A (query block, head) tile whose keep values are all 0 is never computed: NaN queries there reach
     neither the output nor any gradient, and the rest is exact."""
@@ -362,6 +369,7 @@ def _op_inputs():
     return q, k, v, gate_logits, keep, mask
 
 
+@pytest.mark.slow
 def test_custom_ops_pass_opcheck():
     ops = torch.ops.hf_gate_attention
     q, k, v, gate_logits, keep, mask = _op_inputs()

@@ -65,6 +65,7 @@ def _run(tmp_path, keys: dict, *extra: str) -> int:
 # ------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_distill_end_to_end(tiny_assets, teacher, tmp_path, capsys):
     assert _run(tmp_path, distill_keys(tiny_assets, teacher, tmp_path / "results")) == 0
     out = tmp_path / "results" / "distill"
@@ -157,6 +158,7 @@ def test_default_layer_map_spreads_evenly_keeping_first_and_last():
 # -------------------------------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
     runs = [DISTILL_RUNS[0], DISTILL_RUNS[2]]
     keys = distill_keys(tiny_assets, teacher, tmp_path / "results", runs=runs, max_steps=3, save_steps=2)
@@ -176,6 +178,7 @@ def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
 # ----------------------------------------------------------------------------------- distributed launch
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_assets, teacher, tmp_path):
     """`torchrun --nproc_per_node 2` x batch 1 trains on the same two papers as one process x batch 2: the
     first step's loss and gradient norm of the student alone and with logit KD agree (the KD term is scaled

@@ -266,6 +266,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 def test_push_to_the_hub_and_load_from_it(hub, tmp_path):  # noqa: F811 (the fixture)
     model, _ = trained_gates("llama")
     peft_model = with_lora(model, "llama", True)
@@ -332,6 +333,7 @@ def test_push_to_the_hub_and_load_from_it(hub, tmp_path):  # noqa: F811 (the fix
     assert pushed == folder_files(tmp_path / "local")
 
 
+@pytest.mark.slow
 def test_import_stays_core_only():
     code = (
         "import sys, hf_gate_attention as h; assert 'hf_gate_attention.sharing.adapters' not in sys.modules; "

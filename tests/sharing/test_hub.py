@@ -114,6 +114,7 @@ torch.save({"logits": logits, "ids": tokenizer("gated attention .")["input_ids"]
 """
 
 
+@pytest.mark.slow
 def test_push_model_round_trip(hub, card_calls, tmp_path):
     model, tokenizer = tiny_gated_model(), tiny_tokenizer()
     info = push_to_hub(

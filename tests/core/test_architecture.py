@@ -102,7 +102,6 @@ for name in ("accelerate", "datasets", "evaluate", "rouge_score", "matplotlib"):
 """
 
 
-@pytest.mark.slow
 def test_the_core_works_without_the_recipe_stack_and_loads_nothing_else():
     done = _python(
         BLOCK_RECIPE_STACK
@@ -123,7 +122,6 @@ assert all(m.startswith(("hf_gate_attention.core", "hf_gate_attention.kernels"))
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.slow
 def test_a_recipe_without_its_extra_names_the_extra():
     done = _python(BLOCK_RECIPE_STACK + "import hf_gate_attention.recipes.summarization\n")
     assert done.returncode != 0
@@ -141,7 +139,6 @@ def test_a_recipe_without_its_extra_names_the_extra():
     assert "pip install 'hf-gate-attention[recipes]'" in done.stderr
 
 
-@pytest.mark.slow
 def test_sharing_names_are_imported_on_first_use():
     done = _python(
         "import sys, hf_gate_attention as h\n"

@@ -152,7 +152,6 @@ def test_patching_a_peft_model():
         assert not any("attn_gate" in n for n, _ in peft_model.named_parameters())
 
 
-@pytest.mark.slow
 def test_trainer_lowers_the_loss_and_updates_the_gates(tmp_path):
     model = patch(tiny_model("llama").train(), variant="output", train_gates_only=False)
     ids = tiny_inputs("llama", batch=8, length=16)["input_ids"]

@@ -284,7 +284,6 @@ def _train(tmp_path, callback_factory, max_steps=4, resume=False):
     return trainer, callback
 
 
-@pytest.mark.slow
 def test_callback_logs_gate_statistics_into_the_trainer_logs_and_a_file(tmp_path):
     out = tmp_path / "diag.json"
 
@@ -339,7 +338,6 @@ def test_cli_writes_json_and_plots_and_prints_a_table(tmp_path, capsys):
     assert (out / "layers.png").is_file()
 
 
-@pytest.mark.slow
 def test_cli_backend_flag_chooses_what_runs_the_gates(tmp_path, capsys):
     model_dir = make_tiny_model(tmp_path / "model")
     gated = tmp_path / "gated"

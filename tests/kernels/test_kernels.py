@@ -186,7 +186,6 @@ def test_gated_flash_attention_takes_strided_inputs():
     )
 
 
-@pytest.mark.slow
 def test_top_k_skips_dropped_tiles():
     """A (query block, head) tile whose keep values are all 0 is never computed: NaN queries there reach
     neither the output nor any gradient, and the rest is exact."""
@@ -369,7 +368,6 @@ def _op_inputs():
     return q, k, v, gate_logits, keep, mask
 
 
-@pytest.mark.slow
 def test_custom_ops_pass_opcheck():
     ops = torch.ops.hf_gate_attention
     q, k, v, gate_logits, keep, mask = _op_inputs()

@@ -333,7 +333,6 @@ def test_push_to_the_hub_and_load_from_it(hub, tmp_path):  # noqa: F811 (the fix
     assert pushed == folder_files(tmp_path / "local")
 
 
-@pytest.mark.slow
 def test_import_stays_core_only():
     code = (
         "import sys, hf_gate_attention as h; assert 'hf_gate_attention.sharing.adapters' not in sys.modules; "

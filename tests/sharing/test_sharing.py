@@ -130,7 +130,6 @@ def test_saved_folder_holds_weights_code_and_auto_map(saved_cases):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.slow
 def test_trust_remote_code_without_the_package_gives_identical_outputs(without_package, name):
     model_type = CASES[name][0]
     auto = TINY_MODELS[model_type][1]

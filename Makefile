@@ -10,7 +10,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo reproduce diagnose study classify-text classify-image distill test lint format install clean
+.PHONY: demo reproduce diagnose study classify-text classify-image distill test test-fast lint format install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,8 +66,13 @@ distill: install
 	$(PY) -m recipes.distillation --config recipes/distillation/configs/distill.yaml --resume
 	$(PY) -m hf_gate_attention.recipes.distillation.report results/distill --out results/DISTILLATION.md
 
+# Every test, the slow ones included (what CI runs, .ci/run); the GPU checks (tests/gpu) skip without CUDA.
 test: install
 	$(PY) -m pytest -q tests
+
+# The developer loop: the tests not marked slow (<= 2 min on 2 idle CPU cores).
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff check .

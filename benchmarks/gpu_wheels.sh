@@ -12,7 +12,7 @@
 #   test:     pytest and its needs (the image may have no pytest), pyyaml (tests/helpers.py imports it),
 #             tokenizers and safetensors (transformers checks their versions when imported)
 #   recipes:  accelerate, peft and their needs (the Trainer runs of tests/gpu/test_cuda_recipes.py); pillow
-#             (tests/test_classification.py, whose tiny assets the classification run reuses, imports it)
+#             (tests/recipes/test_classification.py, whose tiny assets the classification run reuses, imports it)
 #   metrics:  evaluate, nltk, absl-py and their small needs, and rouge-score (published as a source archive
 #             only: built here into a pure-Python wheel): `hf_gate_attention.recipes` refuses to import
 #             without them (the first GPU run's recipe checks failed on that)

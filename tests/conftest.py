@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,14 @@ RESULTS_RUNS = [
     {"name": "output-headwise-b", "gate": OUTPUT},  # same gate: picking by gate config is ambiguous
     {"name": "qk-elementwise", "gate": {"variant": "qk", "granularity": "elementwise"}},
 ]
+
+
+def pytest_sessionstart(session):
+    """The test folders (core, kernels, sharing, diagnostics, recipes, gpu) have no __init__.py: pytest's
+    default "prepend" import mode imports each module by its file name, so a name used twice would clash."""
+    names = Counter(path.name for path in Path(__file__).parent.rglob("*.py") if path.name != "conftest.py")
+    if clashes := sorted(name for name, count in names.items() if count > 1):
+        raise pytest.UsageError(f"test module names must be unique across tests/: {', '.join(clashes)}")
 
 
 @pytest.fixture(autouse=True)

@@ -4,9 +4,10 @@
    (gates `init="paper"`, so they are not 1): a tiny Llama with grouped-query attention and a bare BERT, batch
    2 with the first sequence padded on the left, forward and the gradient of every parameter. The loss is
    the model's output at the real positions times a fixed random tensor (a mean of squares after the last
-   norm would make every gradient below it rounding noise: tests/test_backend_gradients.py). float32:
+   norm would make every gradient below it rounding noise: tests/kernels/test_backend_gradients.py). float32:
    within 1e-4. bfloat16: the error to a float32 run of the same bfloat16 weights may be at most twice
-   PyTorch's own bfloat16 error plus a small epsilon (the flash-attention rule of tests/test_kernels.py).
+   PyTorch's own bfloat16 error plus a small epsilon (the flash-attention rule of
+   tests/kernels/test_kernels.py).
    Also top-1 key/value group sparse gating on "triton".
 2. Greedy `generate` of 12 tokens, batch 2 left-padded, float32: the same tokens on every backend.
 3. A decode step captured in a CUDA graph and replayed for two positions equals eager decoding; and a

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from helpers import tiny_config
 
 from hf_gate_attention import gate_backend_of, patch
 from hf_gate_attention.core.hooks import GATE_MODULE_NAME
+
+# tests/recipes, whose tiny set-ups these checks import (inside the tests): pytest puts a test folder on
+# sys.path only when it collects a file from it, and `pytest -m gpu tests/gpu` collects none from there
+RECIPE_TESTS = str(Path(__file__).resolve().parents[1] / "recipes")
+if RECIPE_TESTS not in sys.path:
+    sys.path.append(RECIPE_TESTS)
 
 pytestmark = [*GPU_MARKS, pytest.mark.parametrize("backend", BACKENDS)]
 STEPS = 3

@@ -162,6 +162,7 @@ def tiny_study(tmp_path: Path, **overrides) -> dict:
     return {**keys, **overrides}
 
 
+@pytest.mark.slow
 def test_a_tiny_study_end_to_end_writes_its_report(tmp_path):
     config = StudyConfig.from_dict(tiny_study(tmp_path))
     assert [job.name for job in config.jobs()] == [
@@ -195,6 +196,7 @@ def test_a_tiny_study_end_to_end_writes_its_report(tmp_path):
     assert data["main"]["output-elementwise"]["validation_loss"]["high"] >= last_validation
 
 
+@pytest.mark.slow
 def test_an_interrupted_study_resumes_from_its_checkpoint_and_matches_an_uninterrupted_one(
     tmp_path, monkeypatch
 ):

@@ -86,7 +86,7 @@ def saved_cases(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gated_checkpoints")
     cases = {}
     for name, (model_type, gate) in CASES.items():
-        # the remote code runs top-k masked; the sparse path equals it within 1e-5 (tests/test_sparse.py)
+        # the remote code runs top-k masked; the sparse path equals it within 1e-5 (tests/core/test_sparse.py)
         model = patch(tiny_model(model_type), gate, sparse=False)
         inputs = tiny_inputs(model_type)
         with torch.no_grad():

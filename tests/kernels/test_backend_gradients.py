@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from hf_gate_attention import patch
 
+pytestmark = pytest.mark.slow  # the whole grid; test_fused_backend.py keeps a quick triton check
 # model type per family layout -> config overrides that give 17 image tokens (across one block of 16)
 FAMILY_MODEL_TYPES = {"llama": {}, "phi3": {}, "bert": {}, "vit": {"image_size": 20, "patch_size": 5}}
 RTOL, ATOL_OF_MAX = 1e-4, 1e-6
@@ -124,7 +125,7 @@ def test_every_gradient_matches_torch_for_the_other_gates(model_type, variant, g
 
 
 # the tiny configs of mistral, gemma2 and gemma3_text set a sliding window, which the fused attention refuses
-# (tests/test_fused_backend.py); every other registered model type runs on it
+# (tests/kernels/test_fused_backend.py); every other registered model type runs on it
 FUSED_MODEL_TYPES = [t for t in TINY_MODELS if t not in ("mistral", "gemma2", "gemma3_text")]
 
 

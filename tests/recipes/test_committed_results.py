@@ -1,14 +1,13 @@
 """The committed Markdown reports are what their commands write from the committed results folders (a change
 of a report writer, or of a results folder, that the committed report does not follow fails here)."""
 
-from pathlib import Path
-
 import pytest
+from helpers import REPO
 
 from hf_gate_attention.recipes.distillation.report import distillation_report
 from hf_gate_attention.recipes.summarization.reproduction import reproduction_report
 
-ROOT = Path(__file__).parents[1]
+ROOT = REPO
 
 
 @pytest.mark.parametrize(

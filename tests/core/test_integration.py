@@ -76,6 +76,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_torch_compile_gives_the_same_outputs(variant):
     torch._dynamo.reset()
     model = _gated(variant=variant)

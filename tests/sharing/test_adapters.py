@@ -266,6 +266,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 def test_push_to_the_hub_and_load_from_it(hub, tmp_path):  # noqa: F811 (the fixture)
     model, _ = trained_gates("llama")
     peft_model = with_lora(model, "llama", True)

@@ -1,7 +1,7 @@
 """`backend="fused_gate"`: the model's own attention, the output gate's logits from the query GEMM (one merged
 buffer, `kernels/query_gate.py`) and one fused gate pass; and the backend contract (`core/backends.py`).
 
-Every parameter's gradient against `backend="torch"` on every family: tests/test_backend_gradients.py. Here:
+Every parameter's gradient against `backend="torch"` on every family: test_backend_gradients.py. Here:
 the merge itself (active, equal, undone), its fallbacks, PEFT LoRA, saving, autocast, `torch.compile`, and
 what `"auto"` picks. On CPU the kernels run through Triton's interpreter (conftest).
 """
@@ -226,6 +226,7 @@ def test_autocast_bfloat16_training_step_is_close_to_the_reference():
 
 @pytest.mark.parametrize("backend", ["torch", "fused_gate", "triton"])
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_torch_compile_fullgraph_forward_and_backward(variant, backend):
     """No graph break (fullgraph=True) in forward and backward; equal to eager. Under tracing the merged
     projection runs as two GEMMs and the fused pass as its custom op."""

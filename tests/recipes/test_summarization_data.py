@@ -249,6 +249,7 @@ def test_custom_chat_template_appends_end_token(bert_tokenizer):
     assert tok.decode(prompt["input_ids"]).startswith("< user > summarize the following paper. word0")
 
 
+@pytest.mark.slow
 def test_chat_template_smollm2(smol_tokenizer):
     tok = smol_tokenizer
     example = build_example(tok, LONG_DOC, "The summary.", 128, "head_tail", max_summary_tokens=32)

@@ -119,7 +119,7 @@ def test_block_matches_reference(model_type, variant, granularity, top_k):
 
 
 def _implementations():
-    impls = ["eager", "sdpa", "flex_attention"]
+    impls = ["eager", "sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)]  # slow: compiles
     if importlib.util.find_spec("flash_attn") is not None:
         impls.append("flash_attention_2")
     return impls

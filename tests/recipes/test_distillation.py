@@ -6,11 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import loss_steps, tiny_config, tiny_model, torchrun, write_config
+from helpers import REPO, loss_steps, tiny_config, tiny_model, torchrun, write_config
 from test_recipe import StopAtStep
 
 from hf_gate_attention import patch
@@ -66,6 +65,7 @@ def _run(tmp_path, keys: dict, *extra: str) -> int:
 # ------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_distill_end_to_end(tiny_assets, teacher, tmp_path, capsys):
     assert _run(tmp_path, distill_keys(tiny_assets, teacher, tmp_path / "results")) == 0
     out = tmp_path / "results" / "distill"
@@ -158,6 +158,7 @@ def test_default_layer_map_spreads_evenly_keeping_first_and_last():
 # -------------------------------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
     runs = [DISTILL_RUNS[0], DISTILL_RUNS[2]]
     keys = distill_keys(tiny_assets, teacher, tmp_path / "results", runs=runs, max_steps=3, save_steps=2)
@@ -177,6 +178,7 @@ def test_resume_after_interruption(tiny_assets, teacher, tmp_path):
 # ----------------------------------------------------------------------------------- distributed launch
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_assets, teacher, tmp_path):
     """`torchrun --nproc_per_node 2` x batch 1 trains on the same two papers as one process x batch 2: the
     first step's loss and gradient norm of the student alone and with logit KD agree (the KD term is scaled
@@ -252,7 +254,7 @@ def test_teacher_folder_that_is_not_gated_or_missing_is_named(tiny_assets, teach
 
 
 def test_the_preset_reads_and_distills_the_reproductions_teacher():
-    preset = Path(__file__).parents[1] / "recipes" / "distillation" / "configs" / "distill.yaml"
+    preset = REPO / "recipes" / "distillation" / "configs" / "distill.yaml"
     config = load_config(preset, config_class=DistillationConfig)
     assert config.teacher == "results/reproduce/output-headwise/model" and config.student_num_layers == 15
     assert [r.name for r in config.runs] == [r["name"] for r in DISTILL_RUNS]

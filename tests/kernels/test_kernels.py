@@ -7,7 +7,7 @@ for the output and every gradient.
 
 The kernels run through the Triton interpreter on CPU (`TRITON_INTERPRET=1`, the default here), blocks of 16,
 so small shapes still span several blocks, partial blocks and the causal diagonal. On a CUDA machine,
-`TRITON_INTERPRET=0 pytest tests/test_kernels.py` runs the same tests on the GPU.
+`TRITON_INTERPRET=0 pytest tests/kernels/test_kernels.py` runs the same tests on the GPU.
 """
 
 from __future__ import annotations
@@ -96,15 +96,21 @@ class Case:
         )
 
 
+SLOW = pytest.mark.slow  # the two largest cases (seconds each through the interpreter)
 CASES = [
-    Case(2, 113, 3, 1, 64, causal=True, padding="left", gate="headwise", dtype="bf16"),
+    pytest.param(
+        Case(2, 113, 3, 1, 64, causal=True, padding="left", gate="headwise", dtype="bf16"), marks=SLOW
+    ),
     Case(1, 77, 3, 1, 64, causal=False, padding="right", gate="elementwise", dtype="fp32"),
     Case(1, 17, 4, 2, 32, causal=True, padding="none", gate="elementwise", dtype="fp16"),
     Case(2, 1, 2, 2, 80, causal=False, padding="none", gate="headwise", dtype="fp32"),
     Case(2, 1, 4, 2, 96, causal=True, padding="left", gate="headwise", dtype="bf16", keys=40),
     Case(1, 24, 4, 1, 128, causal=True, padding="none", gate="elementwise", dtype="fp32", keys=57),
     Case(2, 40, 4, 2, 32, causal=True, padding="right", gate="headwise", dtype="fp16", top_k=2),
-    Case(2, 50, 3, 3, 96, causal=False, padding="left", gate="elementwise", dtype="bf16", top_k=1),
+    pytest.param(
+        Case(2, 50, 3, 3, 96, causal=False, padding="left", gate="elementwise", dtype="bf16", top_k=1),
+        marks=SLOW,
+    ),
     Case(1, 33, 2, 2, 128, causal=False, padding="none", gate="none", dtype="bf16"),
     Case(1, 9, 4, 2, 8, causal=True, padding="right", gate="elementwise", dtype="fp32"),
 ]

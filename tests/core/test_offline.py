@@ -79,6 +79,7 @@ def test_minilm_gives_meaningful_384_dim_embeddings():
     assert emb[0] @ emb[1] > emb[0] @ emb[2] + 0.3  # real weights: paraphrases are much closer
 
 
+@pytest.mark.slow
 def test_smollm2_folder_is_a_plain_float32_checkpoint(smollm2):
     _, folder = smollm2
     for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json"):
@@ -96,6 +97,7 @@ def test_smollm2_folder_is_a_plain_float32_checkpoint(smollm2):
     assert AutoTokenizer.from_pretrained(folder).chat_template
 
 
+@pytest.mark.slow
 def test_smollm2_logits_equal_gguf_model(smollm2):
     reference, folder = smollm2
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -109,6 +111,7 @@ def test_smollm2_logits_equal_gguf_model(smollm2):
     assert (actual - expected).abs().max().item() <= 1e-6
 
 
+@pytest.mark.slow
 def test_smollm2_chat_knows_the_capital_of_france(smollm2):
     _, folder = smollm2
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -135,6 +138,7 @@ def _onnx_backbone(pixel_values: np.ndarray) -> np.ndarray:
     return ReferenceEvaluator(backbone).run(None, {"input_image": pixel_values})[0]
 
 
+@pytest.mark.slow
 def test_dinov2_matches_onnx_backbone(dinov2_folder):
     model = Dinov2Model.from_pretrained(dinov2_folder).eval()
     pixel_values = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))

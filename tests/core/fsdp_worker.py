@@ -1,10 +1,10 @@
-"""One rank of the FSDP2 test (`tests/test_fsdp.py`), launched by `torch.distributed.run` on CPU over gloo.
+"""One rank of the FSDP2 test (`test_fsdp.py`), launched by `torch.distributed.run` on CPU over gloo.
 
-Usage: `python -m torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_worker.py MODEL OUT`.
+Usage: `python -m torch.distributed.run --standalone --nproc_per_node 2 tests/core/fsdp_worker.py MODEL OUT`.
 
 Raw `torch.distributed.fsdp.fully_shard`, as accelerate's FSDP2 plugin applies it with
 `TRANSFORMER_BASED_WRAP` (each decoder layer, then the whole model): the Trainer/accelerate path cannot shard
-on CPU (see `tests/test_fsdp.py`). Each rank patches the tiny model in `MODEL` with the same seeded gates,
+on CPU (see `test_fsdp.py`). Each rank patches the tiny model in `MODEL` with the same seeded gates,
 shards it, checks nothing itself and writes what it saw to `OUT/rank<N>.json` (gate placements and shard
 shapes, losses); then a few AdamW steps on random token ids (different per rank), a gathered full state dict
 (`get_model_state_dict(full_state_dict=True, cpu_offload=True)`), and on rank 0: the initial gates

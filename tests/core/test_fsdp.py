@@ -1,6 +1,7 @@
 """Gated attention under FSDP2: a 2-process training on CPU over gloo, launched like a user would (torchrun).
 
-`tests/fsdp_worker.py` runs on 2 ranks (`python -m torch.distributed.run --standalone --nproc_per_node 2`):
+`fsdp_worker.py` (beside this file) runs on 2 ranks
+(`python -m torch.distributed.run --standalone --nproc_per_node 2`):
 a tiny Llama patched with `patch(variant="output", granularity="headwise", init="paper")`, `fully_shard`
 on each decoder layer then on the whole model (what accelerate's FSDP2 plugin does with
 `TRANSFORMER_BASED_WRAP`, as in `recipes/summarization/accelerate/fsdp.yaml`), 4 AdamW steps, a gathered full
@@ -41,6 +42,7 @@ from torch.distributed.tensor import Shard
 
 from hf_gate_attention import from_pretrained, gate_parameters, patch
 
+pytestmark = pytest.mark.slow  # a 2-process torchrun
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 WORLD_SIZE = 2
 GATE = {"variant": "output", "granularity": "headwise", "init": "paper"}  # as in the worker

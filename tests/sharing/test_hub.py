@@ -1,4 +1,4 @@
-"""`push_to_hub` end to end: the real `huggingface_hub` client against a local fake Hub (tests/hub_server.py).
+"""`push_to_hub` end to end: the real `huggingface_hub` client against a local fake Hub (hub_server.py).
 
 The upload runs in this process with the client's endpoint constants patched; the download runs in a fresh
 interpreter with `HF_ENDPOINT` set, because `huggingface_hub` and transformers read it at import time.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers import tiny_model
+from helpers import REPO, tiny_model
 from hub_server import TOKEN, FakeHub
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.errors import LocalTokenNotFoundError
@@ -29,7 +29,7 @@ import hf_gate_attention
 from hf_gate_attention.sharing import card
 from hf_gate_attention.sharing.hub import DEFAULT_COMMIT_MESSAGE, push_to_hub
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = REPO
 
 
 @pytest.fixture
@@ -114,6 +114,7 @@ torch.save({"logits": logits, "ids": tokenizer("gated attention .")["input_ids"]
 """
 
 
+@pytest.mark.slow
 def test_push_model_round_trip(hub, card_calls, tmp_path):
     model, tokenizer = tiny_gated_model(), tiny_tokenizer()
     info = push_to_hub(

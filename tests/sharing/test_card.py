@@ -72,6 +72,7 @@ def test_card_without_results_says_so_and_has_no_model_index(tmp_path):
     assert named.data.base_model == "org/base" and named.data.datasets == ["org/data"]
 
 
+@pytest.mark.slow
 def test_card_with_recipe_results_reads_the_metrics_json(recipe_results):
     folder = recipe_results / "qk-elementwise" / "model"
     path = write_model_card(folder, results=recipe_results, repo_id="me/tiny-qk")
@@ -110,6 +111,7 @@ def test_card_with_recipe_results_reads_the_metrics_json(recipe_results):
     assert 'AutoModelForCausalLM.from_pretrained("me/tiny-qk", trust_remote_code=True)' in text
 
 
+@pytest.mark.slow
 def test_limitations_are_generated_from_the_numbers(recipe_results, tmp_path):
     """The recipe's own JSON with edited numbers: a significant gain and a slower model."""
     results = tmp_path / "edited"
@@ -135,6 +137,7 @@ def test_limitations_are_generated_from_the_numbers(recipe_results, tmp_path):
     assert "slower than the baseline, x0.900" in text and "+18 % inference speed is not reproduced" in text
 
 
+@pytest.mark.slow
 def test_run_selection(recipe_results, tmp_path):
     folder = recipe_results / "output-headwise" / "model"
     with pytest.raises(ValueError, match="several runs") as error:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import RUNS, loss_steps, make_dataset, make_tiny_model, tiny_config, torchrun, write_config
 
 
+@pytest.mark.slow
 def test_two_process_ddp_run(tmp_path):
     assets = {"model": make_tiny_model(tmp_path / "model"), "data": make_dataset(tmp_path / "data")}
     keys = tiny_config(assets, tmp_path / "results", runs=RUNS[:2], eval_steps=None, ddp_backend="gloo")

@@ -410,6 +410,7 @@ def test_diagnosis_does_not_touch_model_outputs_of_task_heads():
     assert torch.equal(first_output(model(**inputs)), reference)
 
 
+@pytest.mark.slow
 def test_a_comparisons_models_are_diagnosed_and_missing_ones_named(recipe_results, tmp_path):
     import shutil
 
@@ -450,6 +451,7 @@ def test_where_the_largest_weight_sits_is_counted_per_query():
     assert sums["top1_at_self"] == [0.0, 0.5] and sums["top1_at_first"] == [0.0, 0.5]
 
 
+@pytest.mark.slow
 def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_results, tmp_path):
     import shutil
 

@@ -21,6 +21,7 @@ from hf_gate_attention.recipes.summarization.train import load_pretrained
 # ------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
     config_file = write_config(tmp_path / "tiny.yaml", tiny_config(tiny_assets, tmp_path / "results"))
     assert main(["--config", str(config_file), "--learning-rate", "2e-4"]) == 0
@@ -67,6 +68,7 @@ def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["gates", "gates+lora"])
+@pytest.mark.slow
 def test_training_modes_train_the_same_set_minus_the_gates(tiny_assets, tmp_path, mode):
     if mode == "gates+lora":
         pytest.importorskip("peft")
@@ -112,6 +114,7 @@ class StopAtStep(transformers.TrainerCallback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_then_extend_the_budget(tiny_assets, tmp_path):
     runs = RUNS[:2]
     keys = tiny_config(tiny_assets, tmp_path / "results", runs=runs, eval_steps=None)

@@ -33,6 +33,7 @@ def test_speed_verdict(speedups, verdict):
     assert speed_verdict(speedups) == verdict
 
 
+@pytest.mark.slow
 def test_report_from_a_real_comparison(recipe_results, tmp_path):
     out = tmp_path / "REPRODUCTION.md"
     assert main([str(recipe_results), "--out", str(out)]) == 0
@@ -48,6 +49,7 @@ def test_report_from_a_real_comparison(recipe_results, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):
     results = tmp_path / "no_baseline"
     shutil.copytree(recipe_results, results, ignore=shutil.ignore_patterns("checkpoints", "model"))

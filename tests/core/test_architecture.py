@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hf_gate_attention"
+PACKAGE = REPO / "hf_gate_attention"
 # room -> the rooms its module-level imports may reach
 ALLOWED = {
     "core": {"core"},

@@ -47,6 +47,7 @@ def _assert_identity(model, inputs, read, config):
 
 
 @pytest.mark.parametrize("config", CASES, ids=CASE_IDS)
+@pytest.mark.slow
 def test_smollm2_logits_unchanged_at_identity_init(smollm2, config):
     model, tokenizer = smollm2
     inputs = tokenizer(["Gated attention scales each head.", "Hi"], return_tensors="pt", padding=True)
@@ -63,12 +64,14 @@ def test_minilm_hidden_states_unchanged_at_identity_init(minilm, config):
 
 
 @pytest.mark.parametrize("config", CASES, ids=CASE_IDS)
+@pytest.mark.slow
 def test_dinov2_features_unchanged_at_identity_init(dinov2, config):
     pixels = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     _assert_identity(dinov2, {"pixel_values": pixels}, lambda out: out.last_hidden_state, config)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.slow
 def test_smollm2_greedy_generation_identical_with_and_without_cache(smollm2, variant):
     model, tokenizer = smollm2
     messages = [{"role": "user", "content": "What is the capital of France?"}]

@@ -160,6 +160,7 @@ def _check_results(out: Path, test_examples: int) -> dict:
 # ------------------------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_text_end_to_end(assets, tmp_path, capsys):
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
     keys |= {"label_column": "topic", "eval_steps": 2}
@@ -179,6 +180,7 @@ def test_text_end_to_end(assets, tmp_path, capsys):
     assert 2 in [entry["step"] for entry in history if "eval_loss" in entry]  # validation loss logged
 
 
+@pytest.mark.slow
 def test_image_end_to_end(assets, tmp_path):
     keys = tiny_keys(assets["image_model"], assets["images"], tmp_path, per_device_train_batch_size=2)
     out = run_classification(ClassificationConfig.from_dict(keys))
@@ -189,6 +191,7 @@ def test_image_end_to_end(assets, tmp_path):
     assert saved["architectures"] == ["ViTForImageClassification"]
 
 
+@pytest.mark.slow
 def test_two_process_ddp_run(assets, tmp_path):
     """`torchrun --nproc_per_node 2`: every run trains with DDP (global batch 2 x 2), the main process alone
     evaluates and prints the table."""
@@ -210,6 +213,7 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [entry["step"] for entry in history if "loss" in entry]
 
 
+@pytest.mark.slow
 def test_resume_after_interruption(assets, tmp_path):
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
     keys |= {"label_column": "topic", "max_steps": 4}

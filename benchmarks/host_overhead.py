@@ -1,0 +1,101 @@
+"""Host time the gates add per layer to an eager decode step, on the CPU.
+
+Eager decode of a small batch is host-bound: on an H200 every gate path cost x1.1-1.4 per token in eager mode
+(benchmarks/results/gpu/), the GPU waiting for Python. This measures that host work without a GPU: a tiny
+16-layer Llama (hidden 64, so that the tensor work is negligible) decodes `--steps` single tokens after a
+32-token prompt, one thread, ungated and gated (`output/headwise`, `init="paper"`) on each backend of
+`--backends`, in interleaved rounds; it prints the median time per step and the added time per layer
+(median over rounds), with the range of the rounds, and writes the same as CSV.
+
+    HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
+
+(`TRITON_INTERPRET=1` lets `fused_gate` run on the CPU; its decode steps use no Triton kernel.) Run it on an
+otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from overhead import write_atomic
+
+from hf_gate_attention import GateConfig, patch, unpatch
+
+LAYERS = 16
+
+
+def step_seconds(model, steps: int) -> float:
+    """Mean seconds of one single-token decode step on a fresh DynamicCache of a 32-token prompt."""
+    config = model.config
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=config)
+        model(input_ids=torch.randint(0, config.vocab_size, (1, 32)), cache=cache, use_cache=True)
+        token = torch.randint(0, config.vocab_size, (1, 1))
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=token, cache=cache, use_cache=True)
+        return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", nargs="+", default=["torch", "fused_gate"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--out", default="host_overhead.csv")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    cases = ["ungated", *args.backends]
+    seconds = {case: [] for case in cases}
+    for r in range(args.rounds):
+        for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
+            if case != "ungated":
+                patch(model, GateConfig(init="paper"), backend=case)
+            seconds[case].append(step_seconds(model, args.steps))
+            if case != "ungated":
+                unpatch(model)
+    rows = []
+    for case in cases:
+        added = [(s - b) / LAYERS * 1e6 for s, b in zip(seconds[case], seconds["ungated"], strict=True)]
+        rows.append(
+            {
+                "case": case,
+                "ms_per_step": statistics.median(seconds[case]) * 1e3,
+                "added_us_per_layer": statistics.median(added),
+                "added_min": min(added),
+                "added_max": max(added),
+            }
+        )
+    print("| case | ms per step | added us per layer [min, max] |\n|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['case']} | {row['ms_per_step']:.2f} | {row['added_us_per_layer']:.0f} "
+            f"[{row['added_min']:.0f}, {row['added_max']:.0f}] |"
+        )
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(Path(args.out), text.getvalue())
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from .reference import sigmoid_gate
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 MAX_DECODE_QUERIES = 16  # the longest query (positions) `gated_decode_attention` serves
@@ -414,6 +416,13 @@ def host_bound(tokens: int, tensor: torch.Tensor) -> bool:
     return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def fused_pays(tokens: int, tensor: torch.Tensor, needs_grad: bool) -> bool:
+    """Whether backend `fused_gate`'s fast pieces (merged query/gate GEMM, fused gate pass) run for this call:
+    not traced by `torch.compile`, no gradient needed, not host-bound: where they measured faster on an H200
+    (benchmarks/results/gpu/). Elsewhere the torch path's computation runs."""
+    return not (torch.compiler.is_compiling() or needs_grad or host_bound(tokens, tensor))
+
+
 def gate_multiply_unchecked(
     values: torch.Tensor, gate_logits: torch.Tensor, gate_scale: float, keep: torch.Tensor | None
 ) -> torch.Tensor:
@@ -430,12 +439,10 @@ def gate_multiply_unchecked(
       x1.075);
     - host-bound calls (`host_bound`: eager decode): the same ops, fewer host steps than a Triton launch.
     """
-    from .reference import sigmoid_gate
-
     if torch.compiler.is_compiling():
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
     needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
-    if needs_grad or host_bound(values.shape[:-2].numel(), values):
+    if not fused_pays(values.shape[:-2].numel(), values, needs_grad):
         return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
     if values.device.type != "cuda":
         _require_triton(values.device)

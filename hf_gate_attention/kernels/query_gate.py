@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .ops import host_bound
+from .ops import fused_pays
 
 # marks the `forward` set on a query projection instance (removed by `restore_query_projection`)
 _OURS = "_hf_gate_attention_merged_query_gate"
@@ -41,12 +41,12 @@ def _view_of(param: torch.Tensor, buffer: torch.Tensor, start: int) -> bool:
     )
 
 
-def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> bool:
+def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> None:
     """Merge `query`'s and the `output` gate's weights into one buffer and give `query` the one-GEMM
-    `forward` (this instance only). Returns `False`, changing nothing, if `query` is not a plain `nn.Linear`
-    or the gate reads something other than the query projection's input."""
+    `forward` (this instance only). Changes nothing if `query` is not a plain `nn.Linear` or the gate reads
+    something other than the query projection's input."""
     if type(query) is not nn.Linear or "forward" in query.__dict__ or gate.variant != "output" or gate.top_k:
-        return False
+        return
     n_q = query.out_features
     with torch.no_grad():
         weight = torch.cat([query.weight, gate.weight.to(query.weight.dtype)])  # (n_q + n_g, hidden)
@@ -60,7 +60,6 @@ def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> bool:
     forward = _merged_forward(query, gate, block_patch, weight, bias)
     setattr(forward, _OURS, True)
     query.forward = forward
-    return True
 
 
 def _reparented(param: nn.Parameter, view: torch.Tensor) -> nn.Parameter:
@@ -74,19 +73,14 @@ def _merged_forward(query: nn.Linear, gate: nn.Module, block_patch, weight: torc
     def merged(x):
         """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]`."""
         q_bias = query.bias
-        if (
-            torch.compiler.is_compiling()
-            or (
-                torch.is_grad_enabled()
-                and (x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad)
-            )
-            or host_bound(x.shape[:-1].numel(), x)
-            or not (
-                _view_of(query.weight, weight, 0)
-                and _view_of(gate.weight, weight, n_q)
-                and _view_of(gate.bias, bias, n_q)
-                and (q_bias is None or _view_of(q_bias, bias, 0))
-            )
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad
+        )
+        if not fused_pays(x.shape[:-1].numel(), x, needs_grad) or not (
+            _view_of(query.weight, weight, 0)
+            and _view_of(gate.weight, weight, n_q)
+            and _view_of(gate.bias, bias, n_q)
+            and (q_bias is None or _view_of(q_bias, bias, 0))
         ):
             block_patch.stash["logits"] = gate.logits(x=x)
             return F.linear(x, query.weight, q_bias)

@@ -116,8 +116,9 @@ def bfloat16_error(value: torch.Tensor, torch_value: torch.Tensor, reference: to
     return error, 2 * torch_error + BF16_EPS_OF_MAX * reference.abs().max().item() + floor
 
 
-def compare_backends(model_type: str, backend: str, **gate) -> None:
-    """Section 1 in float32 and bfloat16 for one gate (the docstring's tolerances)."""
+def assert_backend_matches_torch(model_type: str, backend: str, **gate) -> None:
+    """Section 1 in float32 and bfloat16 for one gate (the docstring's tolerances): asserts that `backend`'s
+    output and every parameter's gradient match the torch path's."""
     causal = model_type == "llama"
     state = reference_state(model_type, **gate)
     batch = padded_batch(model_type)
@@ -154,7 +155,7 @@ def compare_backends(model_type: str, backend: str, **gate) -> None:
 @pytest.mark.parametrize(("variant", "granularity"), GATES)
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_backend_matches_torch_forward_and_every_gradient(model_type, variant, granularity, backend):
-    compare_backends(model_type, backend, variant=variant, granularity=granularity)
+    assert_backend_matches_torch(model_type, backend, variant=variant, granularity=granularity)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

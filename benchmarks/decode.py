@@ -52,6 +52,21 @@ CASES = {
     "top-3 of 3 kv groups": {"variant": "output", "top_k": 3, "top_k_unit": "kv_group"},
     "top-2 of 3 kv groups": {"variant": "output", "top_k": 2, "top_k_unit": "kv_group"},
     "top-1 of 3 kv groups": {"variant": "output", "top_k": 1, "top_k_unit": "kv_group"},
+    # dropped groups read their 4 first and 64 last keys (GateConfig.top_k_sink / top_k_window)
+    "top-2 of 3, sink 4 + window 64": {
+        "variant": "output",
+        "top_k": 2,
+        "top_k_unit": "kv_group",
+        "top_k_sink": 4,
+        "top_k_window": 64,
+    },
+    "top-1 of 3, sink 4 + window 64": {
+        "variant": "output",
+        "top_k": 1,
+        "top_k_unit": "kv_group",
+        "top_k_sink": 4,
+        "top_k_window": 64,
+    },
 }
 PHASES = ("decode", "prefill", "train")
 CACHES = ("dynamic", "static")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from . import sparse as sparse_module
+from . import streaming
 from .config import GateConfig
 
 AUTO = "auto"
@@ -112,15 +113,18 @@ def resolve_backend(
 
 
 def _torch_attention(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
-    """The sparse top-k attention (`sparse.py`) when asked for or possible, else the model's own. On a CUDA
-    device `sparse=None` masks: the sparse path's per-sequence, per-group Python loops and host syncs cost
-    far more there than they skip (prefill x27 the ungated time on an H200); `sparse=True` still runs them."""
+    """The sparse top-k attention (`sparse.py`) when asked for or possible, else the masked reference: the
+    model's own attention, or `streaming.py` when dropped units read sink and window keys. On a CUDA device
+    `sparse=None` masks: the sparse path's per-sequence, per-group Python loops and host syncs cost far more
+    there than they skip (prefill x27 the ungated time on an H200); `sparse=True` still runs them."""
     if sparse is False or (sparse is None and (config.top_k is None or weight.is_cuda)):
-        return None
+        return streaming if config.dropped_reads_keys else None
     reason = sparse_module.sparse_unavailable_reason(config.variant, config.top_k, model_config)
     if reason is not None and sparse:
         raise ValueError(f"sparse=True cannot run: {reason}. Use sparse=None or False")
-    return sparse_module if reason is None else None
+    if reason is not None:
+        return streaming if config.dropped_reads_keys else None
+    return sparse_module
 
 
 register_backend(

@@ -39,6 +39,12 @@ class GateConfig:
         top_k (`int`, *optional*):
             Sparse gating: per token, only the `top_k` heads (or key/value groups, see `top_k_unit`) with the
             largest gate values are kept; the others get exactly 0. `None` keeps all heads.
+        top_k_sink, top_k_window (`int`, *optional*, default to 0):
+            What a unit that top-k drops for a query still reads. Both 0: nothing, its output is 0.
+            Otherwise it attends to the first `top_k_sink` and the last `top_k_window` of the keys that query
+            may see (attention sinks and a recent window, as DuoAttention's streaming heads) and is gated like
+            a kept unit; its keys and values outside those positions are never read. Needs `top_k`; variants
+            `output` and `qk`.
         top_k_unit (`str`, *optional*, defaults to `"head"`):
             What `top_k` selects. `"head"`: query heads (key/value heads for the `value` gate). `"kv_group"`:
             key/value groups of grouped-query attention, scored by the mean gate of their query heads and kept
@@ -74,6 +80,12 @@ class GateConfig:
         default="head",
         metadata={"help": "what top_k keeps: query heads, or whole key/value groups", "choices": TOP_K_UNITS},
     )
+    top_k_sink: int = field(
+        default=0, metadata={"help": "sparse gating: a dropped unit still attends to the first N keys"}
+    )
+    top_k_window: int = field(
+        default=0, metadata={"help": "sparse gating: a dropped unit still attends to the last N keys"}
+    )
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "indices of the layers to gate, e.g. 0,1,5 (default: all)"}
     )
@@ -88,6 +100,16 @@ class GateConfig:
             raise ValueError(
                 f"GateConfig.top_k={self.top_k!r} is not valid; accepted values: None or an int >= 1"
             )
+        for name in ("top_k_sink", "top_k_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"GateConfig.{name}={value!r} is not valid; accepted values: an int >= 0")
+        if self.dropped_reads_keys and (self.top_k is None or self.variant not in ("output", "qk")):
+            raise ValueError(
+                f"GateConfig.top_k_sink/top_k_window={self.top_k_sink}/{self.top_k_window} need top_k and "
+                f"variant 'output' or 'qk' (got top_k={self.top_k!r}, variant={self.variant!r}); "
+                "otherwise set both to 0"
+            )
         if self.layers is not None:
             layers = tuple(self.layers) if isinstance(self.layers, list | tuple) else None
             if not layers or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
@@ -96,6 +118,11 @@ class GateConfig:
                     "list of layer indices >= 0"
                 )
             object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    @property
+    def dropped_reads_keys(self) -> bool:
+        """Whether a unit top-k drops still attends to sink and recent keys (instead of giving 0)."""
+        return self.top_k_sink > 0 or self.top_k_window > 0
 
     @property
     def gate_scale(self) -> float:

@@ -15,7 +15,8 @@ Formulas (per token; `G` gated heads, `D` head_dim, `s` = 2 for `init="identity"
 `w` is 1 (headwise) or `D` (elementwise). The sigmoid is computed in float32 whatever the model dtype.
 With `top_k`, per token only the `top_k` heads with the largest (mean) gate value are kept; the rest are 0.
 With `top_k_unit="kv_group"` the units are the key/value groups (score: the mean gate of the group's query
-heads), each kept or dropped whole. `keep` is the 0/1 selection per gated head.
+heads), each kept or dropped whole. `keep` is the 0/1 selection per gated head. With `top_k_sink` or
+`top_k_window`, a dropped head attends only to those keys (`streaming.py`) and keeps its gate.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class AttentionGate(nn.Module):
         self.variant = config.variant
         self.top_k = config.top_k
         self.top_k_unit = config.top_k_unit
+        self.top_k_sink, self.top_k_window = config.top_k_sink, config.top_k_window
         self.scale = config.gate_scale
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.num_gated_heads = num_kv_heads if config.variant == "value" else num_heads
@@ -120,13 +122,19 @@ class AttentionGate(nn.Module):
             return logits, keep
         return self.with_selection(x, q, k, logits)[0]
 
+    @property
+    def dropped_reads_keys(self) -> bool:
+        """Whether dropped units attend to sink and recent keys (`GateConfig.top_k_sink/top_k_window`)."""
+        return self.top_k_sink > 0 or self.top_k_window > 0
+
     def with_selection(self, x=None, q=None, k=None, logits=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`(gate (..., G, w) float32 with the heads top-k dropped at 0, keep (..., G) 0/1 or None)`."""
+        """`(gate (..., G, w) float32, keep (..., G) 0/1 or None)`; the gate of the heads top-k dropped is 0,
+        unless dropped heads still read sink and recent keys (then their output is gated like the others)."""
         gate = self._sigmoid(self.logits(x, q, k, logits))
         if self.top_k is None:
             return gate, None
         keep = self.selection(gate)
-        return gate * keep.unsqueeze(-1), keep
+        return (gate if self.dropped_reads_keys else gate * keep.unsqueeze(-1)), keep
 
     def _sigmoid(self, logits: torch.Tensor) -> torch.Tensor:
         """`scale * sigmoid(logits)` in float32, in as few ops as possible (it runs per layer and token)."""

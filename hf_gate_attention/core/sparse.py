@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from .gate import apply_gate
 from .hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from .streaming import allowed_keys, is_causal, streaming_keys
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
 SPARSE_VARIANTS = ("output", "qk")
@@ -101,14 +102,20 @@ def sparse_attention_forward(
     batch, num_heads, query_length, _ = query.shape
     num_groups, key_length = key.shape[1], key.shape[2]
     heads_per_group = num_heads // num_groups
-    causal = kwargs.pop("is_causal", None)
-    causal = getattr(module, "is_causal", True) if causal is None else causal
-    causal = bool(causal) and query_length > 1
+    causal = is_causal(module, kwargs, query_length)
+    gate_module = block_patch._gate()
+    streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
+    if gate_module.dropped_reads_keys:
+        allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
+        streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
     if batch * query_length == 1 and not kwargs.get("output_attentions"):
-        return _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep, scaling, dropout)
-    group_rows = keep.unflatten(-1, (num_groups, heads_per_group)).amax(-1) > 0  # (B, L, KV)
+        selection = (gate, keep, streaming)
+        return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
+    kept_by_group = keep.unflatten(-1, (num_groups, heads_per_group))  # (B, L, KV, n)
+    group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
+    dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
-    if all(count == query_length for counts in rows_per_group for count in counts):  # nothing to skip
+    if all(count == query_length for counts in rows_per_group for count in counts) and streaming is None:
         attended, _ = sdpa_attention_forward(
             module,
             query,
@@ -122,38 +129,57 @@ def sparse_attention_forward(
         )  # (B, L, H, D)
         return apply_gate(attended.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
     out = query.new_zeros(batch, query_length, num_heads, value.shape[-1])
+
+    def attend(b: int, g: int, rows, mask, is_causal: bool, positions=None):
+        """Heads of group `g` of sequence `b` on the query `rows` (`None`: all), reading the keys at
+        `positions` (`None`: all) -> (r, n, D)."""
+        heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
+        group_query = query[b : b + 1, heads]  # (1, n, L, D)
+        if rows is not None:
+            group_query = group_query[:, :, rows]  # (1, n, r, D)
+        group_key, group_value = key[b : b + 1, g : g + 1], value[b : b + 1, g : g + 1]  # (1, 1, S, D)
+        if positions is not None:
+            group_key, group_value = group_key[:, :, positions], group_value[:, :, positions]  # (1, 1, s, D)
+        attended, _ = sdpa_attention_forward(
+            module,
+            group_query,
+            group_key,
+            group_value,
+            mask,
+            scaling=scaling,
+            dropout=dropout,
+            is_causal=is_causal,
+            **kwargs,
+        )  # (1, r, n, D)
+        return attended[0]
+
     for b in range(batch):
         for g in range(num_groups):
-            count = rows_per_group[b][g]
-            if count == 0:  # no query row of this sequence keeps a head of group g: its KV is never read
-                continue
             heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
-            rows = None if count == query_length else group_rows[b, :, g].nonzero().squeeze(1)
-            group_query = query[b : b + 1, heads]  # (1, n, L, D)
-            if rows is not None:
-                group_query = group_query[:, :, rows]  # (1, n, r, D)
-            attended, _ = sdpa_attention_forward(
-                module,
-                group_query,
-                key[b : b + 1, g : g + 1],
-                value[b : b + 1, g : g + 1],
-                _mask_rows(attention_mask, b, rows, query_length, key_length, causal),
-                scaling=scaling,
-                dropout=dropout,
-                is_causal=causal,
-                **kwargs,
-            )  # (1, r, n, D)
-            if rows is None:
-                out[b, :, heads] = attended[0]
-            else:
-                out[b, rows, heads] = attended[0]
+            count = rows_per_group[b][g]
+            if count > 0:  # otherwise no query row of this sequence keeps a head of group g
+                rows = None if count == query_length else group_rows[b, :, g].nonzero().squeeze(1)
+                mask = _mask_rows(attention_mask, b, rows, query_length, key_length, causal)
+                out[b, slice(None) if rows is None else rows, heads] = attend(b, g, rows, mask, causal)
+            if streaming is None:
+                continue
+            rows = dropped_rows[b, :, g].nonzero().squeeze(1)
+            if rows.numel():  # the dropped heads of these rows read their sink and window keys only
+                mask = _mask_rows(streaming, b, rows, query_length, key_length, False)  # (1, 1, r, S)
+                positions = mask[0, 0].any(0).nonzero().squeeze(1)  # (s,) keys some row reads
+                window = attend(b, g, rows, mask[..., positions], False, positions)  # (r, n, D)
+                kept = kept_by_group[b, rows, g].unsqueeze(-1) > 0  # (r, n, 1)
+                out[b, rows, heads] = torch.where(kept, out[b, rows, heads], window)
     return apply_gate(out.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
 
 
-def _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep, scaling, dropout):
+def _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout):
     """Decode of one sequence: query (1, H, 1, D), key/value (1, KV, S, D) -> (1, 1, H, D), gated. One SDPA
     call per run of consecutive kept groups (`enable_gqa`: each query head its own work item, so that the CPU
-    kernel spreads them over threads); the kept heads are stashed for the output projection."""
+    kernel spreads them over threads); the kept heads are stashed for the output projection. With
+    `streaming` (1, 1, 1, S) in `selection = (gate, keep, streaming)`, the dropped heads attend to those keys
+    only, gathered."""
+    gate, keep, streaming = selection
     num_heads, num_groups = query.shape[1], key.shape[1]
     heads_per_group = num_heads // num_groups
     kept_heads = (keep.flatten() > 0).tolist()  # (H,)
@@ -172,6 +198,19 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, gate, keep
             scale=scaling,
             enable_gqa=True,
         )[0, :, 0]  # (r * n, D)
+    if streaming is not None:
+        positions = streaming[0, 0, 0].nonzero().squeeze(1)  # (s,) the sink and window keys
+        window_out = F.scaled_dot_product_attention(
+            query,
+            key[:, :, positions],
+            value[:, :, positions],
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=True,
+        )[0, :, 0]  # (H, D)
+        dropped = torch.tensor([not kept for kept in kept_heads], device=out.device)
+        out = torch.where(dropped[:, None], window_out, out)
+        kept_heads = [True] * num_heads  # every head has an output: the output projection needs them all
     block_patch.stash["kept_heads"] = kept_heads
     return apply_gate(out.view(1, 1, -1), gate).unflatten(-1, (num_heads, -1)), None
 
@@ -236,7 +275,7 @@ def prepare_block(block_patch) -> None:
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
     replacements = {family.output: lambda module: _partial_output(module, block_patch, head_dim)}
-    if block_patch.variant == "output" and not family.fused_qkv:
+    if block_patch.variant == "output" and not family.fused_qkv and not gate.dropped_reads_keys:
         replacements[family.query] = lambda module: _partial_query(module, block_patch, num_heads, head_dim)
     for path, make in replacements.items():
         module = block.get_submodule(path)

@@ -46,15 +46,21 @@ def _triton_unavailable(dtype: torch.dtype) -> str | None:
     return None
 
 
+def _streaming_unavailable(config: GateConfig) -> str | None:
+    if config.dropped_reads_keys:
+        return "dropped units reading sink and window keys (top_k_sink/top_k_window) run on backend 'torch'"
+    return None
+
+
 def _fused_gate_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
-    return _triton_unavailable(weight.dtype)
+    return _streaming_unavailable(config) or _triton_unavailable(weight.dtype)
 
 
 def _attention_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
     """Why the fused attention kernel cannot serve this model, or `None` if it can."""
     from . import check_supported
 
-    reason = _triton_unavailable(weight.dtype)
+    reason = _streaming_unavailable(config) or _triton_unavailable(weight.dtype)
     if reason is not None:
         return reason
     try:

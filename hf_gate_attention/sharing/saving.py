@@ -1,7 +1,8 @@
 """`save_pretrained` for patched models: the usual folder plus the code that loads it without this package.
 
 The folder gets `modeling_gated_attention.py` and copies of the torch-only gate runtime (`core/config.py`,
-`core/families.py`, `core/gate.py`, `core/hooks.py`, renamed `gated_attention_*.py`); `config.json` gets an
+`core/families.py`, `core/gate.py`, `core/hooks.py`, `core/streaming.py`, renamed `gated_attention_*.py`);
+`config.json` gets an
 `auto_map`, so `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of
 the task head) builds transformers' own model class and adds the same gates with the same hooks.
 """
@@ -25,7 +26,7 @@ from ..version import __version__
 logger = logging.getLogger(__name__)
 
 ENTRY_MODULE = "modeling_gated_attention"
-RUNTIME_MODULES = ("config", "families", "gate", "hooks")  # copied verbatim, imports renamed
+RUNTIME_MODULES = ("config", "families", "gate", "hooks", "streaming")  # copied verbatim, imports renamed
 RUNTIME_PREFIX = "gated_attention_"
 _CORE_DIR = Path(__file__).parents[1] / "core"
 
@@ -41,13 +42,19 @@ import transformers
 from .gated_attention_config import GateConfig
 from .gated_attention_families import AttentionFamily
 from .gated_attention_hooks import add_gates, attention_layout
+from .gated_attention_streaming import ATTN_IMPLEMENTATION, register_attention_implementation
 
 FAMILY = {family!r}
 
 
 def _add_gates(model):
     config = GateConfig.from_saved(model.config.gate_attention)
-    add_gates(model, config, FAMILY, attention_layout(model, config, FAMILY))
+    # dropped units that read sink and window keys need the attention function that applies the gate
+    in_attention = config.dropped_reads_keys
+    add_gates(model, config, FAMILY, attention_layout(model, config, FAMILY), gate_in_attention=in_attention)
+    if in_attention:
+        register_attention_implementation()
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
 '''
 
 CLASS_TEMPLATE = '''

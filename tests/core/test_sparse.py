@@ -1,6 +1,7 @@
 """Sparse top-k (`core/sparse.py`) against the masked reference (`patch(..., sparse=False)`): same outputs and
 gradients on every architecture it serves, batches whose sequences keep different heads, padding, KV cache
-and `generate`; and the dropped key/value groups' cache is never read at decode."""
+and `generate`; and the dropped key/value groups' cache is never read at decode (with `top_k_sink` and
+`top_k_window`: nothing outside their sink and window keys)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,15 @@ ARCHITECTURES = {
     "bert": ("bert", {}),
     "vit": ("vit", {}),
 }
-# (top_k, unit); with 3 groups, top-3 of them keeps everything (the path without any skip)
+# GateConfig fields of the selection; with 3 groups, top-3 of them keeps everything (the path without any
+# skip); with top_k_sink/top_k_window a dropped unit reads its sink and window keys (`core/streaming.py`)
 SELECTIONS = {
-    "top1-kv_group": (1, "kv_group"),
-    "top2-kv_group": (2, "kv_group"),
-    "top3-kv_group": (3, "kv_group"),
-    "top3-head": (3, "head"),
+    "top1-kv_group": {"top_k": 1, "top_k_unit": "kv_group"},
+    "top2-kv_group": {"top_k": 2, "top_k_unit": "kv_group"},
+    "top3-kv_group": {"top_k": 3, "top_k_unit": "kv_group"},
+    "top3-head": {"top_k": 3, "top_k_unit": "head"},
+    "top1-kv_group-sink2-window3": {"top_k": 1, "top_k_unit": "kv_group", "top_k_sink": 2, "top_k_window": 3},
+    "top2-head-window4": {"top_k": 2, "top_k_unit": "head", "top_k_window": 4},
 }
 
 
@@ -68,9 +72,8 @@ def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool):
 @pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
 def test_sparse_matches_masked_forward_and_backward(bare, architecture, variant, selection):
     model_type, overrides = ARCHITECTURES[architecture]
-    top_k, unit = SELECTIONS[selection]
     model = tiny_model(model_type, attn_implementation="sdpa", bare=bare, **overrides).train()
-    config = GateConfig(variant=variant, init="paper", top_k=top_k, top_k_unit=unit)
+    config = GateConfig(variant=variant, init="paper", **SELECTIONS[selection])
     inputs = _inputs(model_type)
     expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)
     out, grads, implementation = _run(model, config, inputs, sparse_mode=True)
@@ -125,13 +128,18 @@ def _generate(model, config, inputs, sparse_mode, cache):
     return tokens, scores
 
 
+STREAMING = {"top_k_sink": 2, "top_k_window": 3}
+
+
+@pytest.mark.parametrize("dropped", ["nothing", "sink2-window3"])
 @pytest.mark.parametrize("architecture", ["llama-gqa", "qwen2-qkv-bias", "gemma3-sliding-window"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("cache", ["dynamic", "static", "none"])
-def test_generate_matches_masked_with_left_padding(architecture, cache, batch):
+def test_generate_matches_masked_with_left_padding(architecture, cache, batch, dropped):
     model_type, overrides = ARCHITECTURES[architecture]
     model = tiny_model(model_type, attn_implementation="sdpa", **overrides)
-    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
+    reads = STREAMING if dropped != "nothing" else {}
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group", **reads)
     inputs = tiny_inputs(model_type, batch=batch, length=9)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     inputs["attention_mask"][1:, :3] = 0  # left padding, as for batched generation
@@ -150,9 +158,28 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group")
     prompt = tiny_inputs("llama", batch=batch, length=10)["input_ids"]
+    _decode_step_with_nan_outside(model, prompt, read_positions=[], poison_projections=batch == 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch):
+    """The same with `top_k_sink=2, top_k_window=3` and a 12-token prompt: NaN in every cached position of a
+    dropped group but the first 2 and the last 3 the step sees (its own key, written by the step, among
+    them)."""
+    model = tiny_model("llama", **GQA)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
+    prompt = tiny_inputs("llama", batch=batch, length=12)["input_ids"]
+    _decode_step_with_nan_outside(model, prompt, read_positions=[0, 1, 9, 10])
+
+
+def _decode_step_with_nan_outside(model, prompt, read_positions: list[int], poison_projections=False):
+    """Decode the last token of `prompt` after the others, then again with NaN in the cache of the groups
+    the step dropped except at `read_positions` (and in the dropped heads' query rows and output columns
+    when `poison_projections`): the logits must be identical and finite."""
+    batch = prompt.shape[0]
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
     step = {"input_ids": prompt[:, -1:], "past_key_values": cache, "use_cache": True}
     kept, expected = _selections(model, step)  # per layer (B, 1, 6); logits (B, 1, V)
     cache.crop(-1)
@@ -160,9 +187,12 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
         for layer, cached, keep in zip(model.model.layers, cache.layers, kept, strict=True):
             dropped = keep[:, 0].unflatten(-1, (3, 2))[..., 0] == 0  # (B, KV)
             assert torch.equal(dropped.sum(-1), torch.full((batch,), 2))  # 2 of 3 groups per sequence
-            cached.keys[dropped] = float("nan")
-            cached.values[dropped] = float("nan")
-            if batch == 1:
+            unread = torch.ones(cached.keys.shape[2], dtype=torch.bool)  # (S,) cached positions
+            unread[read_positions] = False
+            for b, g in dropped.nonzero().tolist():
+                cached.keys[b, g, unread] = float("nan")
+                cached.values[b, g, unread] = float("nan")
+            if poison_projections:
                 channels = (keep[0, 0] == 0).repeat_interleave(8)  # (H*D,) of the dropped heads
                 layer.self_attn.q_proj.weight[channels] = float("nan")
                 layer.self_attn.o_proj.weight[:, channels] = float("nan")

@@ -20,11 +20,16 @@ from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.cli import main
 from hf_gate_attention.sharing.saving import ENTRY_MODULE, RUNTIME_MODULES, RUNTIME_PREFIX
 
-# (model_type, gate): every variant, both granularities, top-k, a fused-qkv and an image model
+# (model_type, gate): every variant, both granularities, top-k (dropped groups reading nothing, or their sink
+# and window keys), a fused-qkv and an image model
 CASES = {
     "llama-output-headwise-top1-kvgroup": (
         "llama",
         GateConfig(variant="output", init="paper", top_k=1, top_k_unit="kv_group"),
+    ),
+    "llama-output-top1-kvgroup-sink2-window3": (
+        "llama",
+        GateConfig(init="paper", top_k=1, top_k_unit="kv_group", top_k_sink=2, top_k_window=3),
     ),
     "phi3-value-elementwise": ("phi3", GateConfig(variant="value", granularity="elementwise", init="paper")),
     "bert-qk-headwise": ("bert", GateConfig(variant="qk", init="paper")),

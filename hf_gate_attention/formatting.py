@@ -28,12 +28,15 @@ def signed_percent(value: float | None) -> str:
 
 
 def gate_label(gate: dict | None, baseline: str = "none (baseline)") -> str:
-    """`variant/granularity[ top-k[ kv groups]]` of a gate config dict; `baseline` for `None`."""
+    """`variant/granularity[ top-k[ kv groups][, dropped read sink s + window w]]` of a gate config dict;
+    `baseline` for `None`."""
     if gate is None:
         return baseline
     label = f"{gate['variant']}/{gate['granularity']}"
     if gate.get("top_k"):
         label += f" top-{gate['top_k']}" + (" kv groups" if gate.get("top_k_unit") == "kv_group" else "")
+    if gate.get("top_k_sink") or gate.get("top_k_window"):
+        label += f", dropped read sink {gate.get('top_k_sink', 0)} + window {gate.get('top_k_window', 0)}"
     return label
 
 

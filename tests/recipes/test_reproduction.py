@@ -70,3 +70,42 @@ def test_validation_losses_table_lists_the_last_evaluation_of_each_evaluated_run
     lines = _validation_losses(metrics)
     assert lines[-1] == "| a | 2.250 | 4 |" and not any(line.startswith("| b |") for line in lines)
     assert _validation_losses({"b": metrics["b"]}) == []
+
+
+def _run_metrics(name: str, gate: dict | None, rouge_l: list[float], seconds: list[float]) -> dict:
+    per_example = {kind: rouge_l for kind in ("rouge1", "rouge2", "rougeL", "rougeLsum")}
+    mean = sum(rouge_l) / len(rouge_l)
+    return {
+        "run": name,
+        "gate": gate,
+        "rouge": {kind: {"mean": mean} for kind in per_example},
+        "quality": {"per_example": per_example, "rouge": {kind: {"mean": mean} for kind in per_example}},
+        "speed": {"rounds": [{"seconds_per_summary": s} for s in seconds]},
+        "training": {"log_history": [{"eval_loss": 2.0 + mean / 100, "step": 4}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("sparse_scores", "verdict"),
+    [([20.0, 30.0, 25.0, 35.0], "yes"), ([10.0, 20.0, 15.0, 25.0], "no"), ([17.0, 33.0, 21.0, 37.0], None)],
+)
+def test_sparse_runs_are_judged_against_the_same_gate_without_top_k(sparse_scores, verdict):
+    from hf_gate_attention.recipes.summarization.reproduction import _sparse_against_dense
+
+    dense_gate = {"variant": "output", "granularity": "headwise", "init": "identity", "top_k": None}
+    sparse_gate = dense_gate | {"top_k": 2, "top_k_unit": "kv_group", "top_k_sink": 4, "top_k_window": 64}
+    other_gate = dense_gate | {"granularity": "elementwise"}
+    metrics = {
+        "base": _run_metrics("base", None, [19.0, 29.0, 24.0, 34.0], [1.0, 1.0]),
+        "elementwise": _run_metrics("elementwise", other_gate, [0.0, 0.0, 0.0, 0.0], [1.0, 1.0]),
+        "dense": _run_metrics("dense", dense_gate, [20.0, 30.0, 25.0, 35.0], [1.0, 1.2]),
+        "sparse": _run_metrics("sparse", sparse_gate, sparse_scores, [0.8, 1.0]),
+    }
+    config = {"n_bootstrap": 200, "confidence": 0.95, "seed": 0}
+    lines = _sparse_against_dense(metrics, config)
+    (row,) = [line for line in lines if line.startswith("| sparse |")]
+    assert "dropped read sink 4 + window 64" in row
+    assert "x1.225 (x1.200 to x1.250)" in row  # dense / sparse seconds: 1.25 and 1.2
+    cells = [cell.strip() for cell in row.split("|")]
+    assert cells[5] == (verdict or "inconclusive")
+    assert _sparse_against_dense({k: metrics[k] for k in ("base", "dense")}, config) == []

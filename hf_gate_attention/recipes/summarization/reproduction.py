@@ -5,12 +5,14 @@ python -m hf_gate_attention.recipes.summarization.reproduction results/reproduce
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
 from ...files import read_json
-from .report import markdown_table, report_main
+from ...formatting import gate_label
+from .report import markdown_table, report_main, rouge_deltas
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
@@ -60,6 +62,69 @@ def _validation_losses(metrics: dict[str, dict]) -> list[str]:
         "|---|---:|---:|",
         *rows,
     ]
+
+
+# the goal for sparse top-k (issue 25): ROUGE-L within this many points of the same gate without top-k
+SPARSE_TOLERANCE_POINTS = 1.0
+SPARSE_FIELDS = ("top_k", "top_k_unit", "top_k_sink", "top_k_window")
+
+
+def _dense_of(gate: dict, metrics: dict[str, dict]) -> dict | None:
+    """The run whose gate is `gate` without top-k (same variant, granularity, init, layers), if any."""
+    for run in metrics.values():
+        other = run["gate"]
+        dense = other is not None and other.get("top_k") is None
+        if dense and all(other.get(k) == gate.get(k) for k in gate if k not in SPARSE_FIELDS):
+            return run
+    return None
+
+
+def _last_validation_loss(run: dict) -> str:
+    losses = [e["eval_loss"] for e in run["training"]["log_history"] if "eval_loss" in e]
+    return f"{losses[-1]:.3f}" if losses else "-"
+
+
+def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
+    """Each top-k run against the same gate without top-k: paired ROUGE-L delta, the 1-point goal,
+    validation losses and the speed-up per summary over the dense gate (median of the rounds)."""
+    rows = []
+    for run in metrics.values():
+        gate = run["gate"]
+        dense = None if gate is None or gate.get("top_k") is None else _dense_of(gate, metrics)
+        if dense is None:
+            continue
+        delta = rouge_deltas(
+            run["quality"], dense["quality"], config["n_bootstrap"], config["confidence"], config["seed"]
+        )["rougeL"]
+        goal = -SPARSE_TOLERANCE_POINTS
+        kept = "yes" if delta["low"] >= goal else "no" if delta["high"] < goal else "inconclusive"
+        speedups = [d["seconds_per_summary"] / r["seconds_per_summary"] for r, d in _rounds(run, dense)]
+        rows.append(
+            f"| {run['run']} | {gate_label(gate)} | {run['rouge']['rougeL']['mean']:.2f} | "
+            f"{delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] | {kept} | "
+            f"{_last_validation_loss(run)} ({_last_validation_loss(dense)}) | "
+            f"x{statistics.median(speedups):.3f} (x{min(speedups):.3f} to x{max(speedups):.3f}) |"
+        )
+    if not rows:
+        return []
+    level = f"{100 * config['confidence']:g} %"
+    return [
+        "",
+        "## Sparse top-k against the same gate without it",
+        "",
+        f"Goal: ROUGE-L within {SPARSE_TOLERANCE_POINTS:g} point of the dense gate: *yes* when the whole "
+        f"paired {level} CI of the delta lies above -{SPARSE_TOLERANCE_POINTS:g}, *no* when it lies below, "
+        "*inconclusive* otherwise. Speed-up: dense seconds per summary / sparse, per interleaved round.",
+        "",
+        "| run | gate | ROUGE-L | delta vs dense, points [CI] | within 1 point | validation loss (dense) "
+        "| speed-up vs dense (median, range) |",
+        "|---|---|---:|---|---|---|---|",
+        *rows,
+    ]
+
+
+def _rounds(run: dict, other: dict) -> list[tuple[dict, dict]]:
+    return list(zip(run["speed"]["rounds"], other["speed"]["rounds"], strict=True))
 
 
 def reproduction_report(results: str | Path, command: str) -> str:
@@ -122,6 +187,7 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "",
         markdown_table(rows, config["confidence"]).rstrip(),
         *_validation_losses(metrics),
+        *_sparse_against_dense(metrics, config),
         "",
         "Plots: `loss_curves.png`, `rouge.png`, `speed.png` in the results folder.",
         "",

@@ -367,6 +367,12 @@ def summarize(result: dict) -> dict:
     if gates is not None:
         summary["gate_mean"] = torch.tensor(gates["mean"]).mean().item()
         summary["gate_below_0.1"] = torch.tensor(gates["below_0.1"]).mean().item()
+        if gates["keep_rate"] is not None:  # how often top-k keeps each (layer, head): the extremes
+            keep_rate = torch.tensor(gates["keep_rate"])
+            summary["keep_rate_min"], summary["keep_rate_max"] = (
+                keep_rate.min().item(),
+                keep_rate.max().item(),
+            )
     return summary
 
 

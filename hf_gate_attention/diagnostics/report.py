@@ -88,9 +88,15 @@ def summary_table(summaries: dict[str, dict]) -> str:
     """A Markdown table of `summarize` scalars, one row per labelled model."""
     header = ["model", "first-token attn", "top-1 attn", "top-1 key: first / previous / self"]
     header += ["max \\|h\\| (layer)", "median \\|h\\|", "gate mean", "gates < 0.1"]
+    top_k = any("keep_rate_min" in s for s in summaries.values())
+    if top_k:
+        header.append("top-k keep rate, min / max over layers and heads")
     rows = []
     for label, s in summaries.items():
         gate = ("-", "-") if "gate_mean" not in s else (f"{s['gate_mean']:.3f}", f"{s['gate_below_0.1']:.3f}")
+        if top_k:
+            keep = "-" if "keep_rate_min" not in s else f"{s['keep_rate_min']:.2f} / {s['keep_rate_max']:.2f}"
+            gate = (*gate, keep)
         rows.append(
             [
                 label,

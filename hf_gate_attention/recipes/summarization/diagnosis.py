@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ...diagnostics import diagnose, text_inputs
+from ...diagnostics.measure import summarize
 from ...diagnostics.report import plot_layers, summary_table, write_diagnosis
 from ...files import atomic_write_text, read_json
 from ...formatting import gate_label
@@ -88,7 +89,7 @@ def diagnose_comparison(
             "positions "
             ">= 4 of the softmax weight on token 0 and of the largest weight (before any gate).",
             "",
-            summary_table({label: d["summary"] for label, d in diagnoses.items()}),
+            summary_table({label: summarize(d) for label, d in diagnoses.items()}),
             "",
             "| model | gate | plots |",
             "|---|---|---|",

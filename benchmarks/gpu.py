@@ -81,12 +81,13 @@ START = time.perf_counter()
 import attention_kernels as kb
 import torch
 import transformers
-from overhead import cpu_model, write_atomic
+from harness import cpu_model
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
 from hf_gate_attention import GateConfig, gate_backend_of, patch, unpatch
+from hf_gate_attention.files import atomic_write_text
 from hf_gate_attention.kernels.backends import key_mask
 
 BASELINE = "ungated"
@@ -669,7 +670,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n", restval="")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())
+    atomic_write_text(path, buffer.getvalue())
 
 
 def build_model(args):
@@ -777,7 +778,7 @@ def main() -> None:
         for name, part in rows.items():
             if part:
                 write_csv(out / f"gpu_{name}.csv", part)
-        write_atomic(out / "gpu.md", markdown(rows["model"] + rows["kernels"], header, durations, args))
+        atomic_write_text(out / "gpu.md", markdown(rows["model"] + rows["kernels"], header, durations, args))
 
     bench = None
     if set(args.phases) - {"kernels"}:

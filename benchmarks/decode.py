@@ -34,7 +34,16 @@ from pathlib import Path
 
 import torch
 import transformers
-from harness import command_line, cpu_model, interleaved, markdown_table, median_range, ratios, write_results
+from harness import (
+    command_line,
+    cpu_model,
+    interleaved,
+    markdown_page,
+    markdown_table,
+    median_range,
+    ratios,
+    write_results,
+)
 from overhead import load_model
 from transformers import DynamicCache, StaticCache
 
@@ -207,7 +216,7 @@ def markdown(rows: list[dict], header: str) -> str:
         ]
         for r in rows
     ]
-    return "\n".join([header, "", *markdown_table(columns, cells, "lrlrrlr")]) + "\n"
+    return markdown_page(header, markdown_table(columns, cells, "lrlrrlr"))
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:

@@ -106,6 +106,11 @@ def markdown_table(columns: list[str], rows: Iterable[list[str]], align: str = "
     return ["| " + " | ".join(columns) + " |", rule, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+def markdown_page(header: str, table: list[str]) -> str:
+    """`header`, a blank line and the lines of `table`, as one text ending in a newline."""
+    return "\n".join([header, "", *table]) + "\n"
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     """`rows` as CSV (the columns of every row in order of appearance, blank where a row has none),
     written atomically."""

@@ -46,7 +46,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 import transformers
-from harness import command_line, cpu_model, interleaved, markdown_table, ratios, write_results
+from harness import command_line, cpu_model, interleaved, markdown_page, markdown_table, ratios, write_results
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.memory import peak_growth_mib
@@ -192,7 +192,7 @@ def markdown(rows: list[dict], header: str) -> str:
         ]
         for r in rows
     ]
-    return "\n".join([header, "", *markdown_table(columns, cells, "llrrlrrlr")]) + "\n"
+    return markdown_page(header, markdown_table(columns, cells, "llrrlrrlr"))
 
 
 def main() -> None:

@@ -73,18 +73,13 @@ from pathlib import Path
 
 from gpu_bench import (  # first: it starts the run's clock (START) before torch is imported
     FIRST_CALL_LIMIT_S,
-    KERNEL_TARGET,
     KERNEL_TOKENS,
-    SPARSE_ALL_KEPT_LIMIT,
     SPARSE_DENSE,
-    SPARSE_DENSE_CONTEXTS,
-    SPARSE_DENSE_LIMIT,
-    SPARSE_SPEEDUP_TARGETS,
     START,
-    TARGETS,
     Bench,
     error_text,
     log,
+    targets_text,
 )
 
 # isort: split
@@ -274,10 +269,6 @@ def main() -> None:
     versions += f"transformers {transformers.__version__}"
     cuda = torch.device(args.device).type == "cuda"
     machine = torch.cuda.get_device_name(args.device) if cuda else f"{cpu_model()} (CPU)"
-    targets = ", ".join(f"{p} {m} <= {h} / {e}" for (p, m), (h, e) in TARGETS.items())
-    sparse_targets = ", ".join(
-        f"top-{k} at {c:,} batch {b} >= {bound}" for (c, b, k), bound in SPARSE_SPEEDUP_TARGETS.items()
-    )
     header = [
         f"`{command_line()}`",
         "",
@@ -285,11 +276,7 @@ def main() -> None:
         f"Model: Llama-3.2-1B-shaped with random weights, {args.layers} layers, hidden {args.hidden}, "
         f"{args.heads} heads / {args.kv_heads} KV heads, vocab {args.vocab:,}, {args.dtype}, sdpa; gates "
         '`init="paper"`. Ratios: median over interleaved rounds of case / ungated of the same round '
-        "[min, max]. "
-        f"Targets headwise / elementwise: {targets}; kernels: sdpa+fused_gate >= {KERNEL_TARGET} x sdpa; "
-        f"sparse_decode (speed-up: ungated time / case time, per decoded token): {sparse_targets}, top-k "
-        f"keeping all {args.kv_heads} groups: time <= {SPARSE_ALL_KEPT_LIMIT} x ungated, every top-k at "
-        f"{' and '.join(map(str, SPARSE_DENSE_CONTEXTS))}: time <= {SPARSE_DENSE_LIMIT} x dense gated.",
+        "[min, max]. " + targets_text(args.kv_heads),
     ]
     log(f"{machine}; {versions}")
     out, rows, durations = Path(args.out), {"model": [], "kernels": []}, {}

@@ -38,6 +38,20 @@ KERNEL_TOKENS, KERNEL_HIDDEN, KERNEL_REPEATS = 16384, 2048, 10
 FIRST_CALL_LIMIT_S = 20.0
 
 
+def targets_text(kv_heads: int) -> str:
+    """The targets in words, for the report's header (`kv_heads`: the model's key/value groups)."""
+    model = ", ".join(f"{p} {m} <= {h} / {e}" for (p, m), (h, e) in TARGETS.items())
+    sparse = ", ".join(
+        f"top-{k} at {c:,} batch {b} >= {bound}" for (c, b, k), bound in SPARSE_SPEEDUP_TARGETS.items()
+    )
+    return (
+        f"Targets headwise / elementwise: {model}; kernels: sdpa+fused_gate >= {KERNEL_TARGET} x sdpa; "
+        f"sparse_decode (speed-up: ungated time / case time, per decoded token): {sparse}, top-k "
+        f"keeping all {kv_heads} groups: time <= {SPARSE_ALL_KEPT_LIMIT} x ungated, every top-k at "
+        f"{' and '.join(map(str, SPARSE_DENSE_CONTEXTS))}: time <= {SPARSE_DENSE_LIMIT} x dense gated."
+    )
+
+
 def log(message: str) -> None:
     print(f"[{datetime.datetime.now():%H:%M:%S} +{time.perf_counter() - START:6.1f}s] {message}", flush=True)
 

@@ -27,7 +27,6 @@ Example (on a CUDA machine):
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from harness import write_csv
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hf_gate_attention.kernels import gated_attention_reference, gated_flash_attention, triton_available
@@ -252,13 +252,8 @@ def main() -> None:
             del inputs, grad_out, results
             torch.cuda.empty_cache()
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {out}")
+    write_csv(Path(args.out), rows)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

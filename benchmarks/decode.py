@@ -27,18 +27,24 @@ Run it on an otherwise idle machine. Example:
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import io
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
-from overhead import cpu_model, load_model, write_atomic
+from harness import (
+    command_line,
+    cpu_model,
+    interleaved,
+    markdown_page,
+    markdown_table,
+    median_range,
+    ratios,
+    write_results,
+)
+from overhead import load_model
 from transformers import DynamicCache, StaticCache
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
@@ -134,24 +140,11 @@ class Bench:
         return time.perf_counter() - start
 
 
-def interleaved(run, cases: list[str], rounds: int, label: str) -> dict[str, list[float]]:
-    """`run(case) -> seconds` for every case, one untimed warm-up round, then `rounds` rotated rounds."""
-    for case in cases:
-        run(case)
-    times = {case: [] for case in cases}
-    for r in range(rounds):
-        order = cases[r % len(cases) :] + cases[: r % len(cases)]
-        for case in order:
-            times[case].append(run(case))
-        print(f"{label} round {r + 1}/{rounds}: " + ", ".join(f"{c} {times[c][-1]:.3f} s" for c in cases))
-    return times
-
-
 def rows_of(phase: str, size: int, times: dict[str, list[float]], work: int) -> list[dict]:
     """One row per case: medians, tokens/s (`work` tokens per call), per-round ratios to the baseline."""
     rows = []
     for case, seconds in times.items():
-        ratios = [s / b for s, b in zip(seconds, times[BASELINE], strict=True)]
+        ratio, ratio_min, ratio_max = median_range(ratios(seconds, times[BASELINE]))
         rows.append(
             {
                 "phase": phase,
@@ -159,13 +152,22 @@ def rows_of(phase: str, size: int, times: dict[str, list[float]], work: int) -> 
                 "case": case,
                 "median_s": statistics.median(seconds),
                 "tokens_per_s": work / statistics.median(seconds),
-                "time_ratio": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
+                "time_ratio": ratio,
+                "ratio_min": ratio_min,
+                "ratio_max": ratio_max,
                 "rounds": len(seconds),
             }
         )
     return rows
+
+
+def timed_rounds(run, cases: list[str], rounds: int, label: str) -> dict[str, list[float]]:
+    """`run(case) -> seconds` of every case in interleaved rounds, each round printed."""
+
+    def report(index, times):
+        print(f"{label} round {index + 1}/{rounds}: " + ", ".join(f"{c} {times[c][-1]:.3f} s" for c in cases))
+
+    return interleaved(run, cases, rounds, on_round=report)
 
 
 def measure(bench: Bench, args) -> list[dict]:
@@ -180,7 +182,7 @@ def measure(bench: Bench, args) -> list[dict]:
                     bench.set_case(case)
                     return bench.decode(cache, args.decode_steps)
 
-                times = interleaved(run, cases, args.rounds, f"decode {kind} {context}")
+                times = timed_rounds(run, cases, args.rounds, f"decode {kind} {context}")
                 rows += rows_of(f"decode ({kind} cache)", context, times, args.decode_steps)
                 del cache
     for phase, length, call in (
@@ -194,26 +196,27 @@ def measure(bench: Bench, args) -> list[dict]:
                 bench.set_case(case)
                 return call(input_ids)
 
-            rows += rows_of(phase, length, interleaved(run, cases, args.rounds, phase), length)
+            rows += rows_of(phase, length, timed_rounds(run, cases, args.rounds, phase), length)
     bench.set_case(BASELINE)
     return rows
 
 
 def markdown(rows: list[dict], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| phase | tokens | case | median s | tokens/s | time ratio vs ungated (median, range of rounds) "
-        "| speed-up |",
-        "|---|---:|---|---:|---:|---|---:|",
+    columns = ["phase", "tokens", "case", "median s", "tokens/s"]
+    columns += ["time ratio vs ungated (median, range of rounds)", "speed-up"]
+    cells = [
+        [
+            r["phase"],
+            f"{r['tokens']:,}",
+            r["case"],
+            f"{r['median_s']:.3f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"x{r['time_ratio']:.3f} (x{r['ratio_min']:.3f} to x{r['ratio_max']:.3f})",
+            f"x{1 / r['time_ratio']:.3f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['phase']} | {r['tokens']:,} | {r['case']} | {r['median_s']:.3f} | {r['tokens_per_s']:.1f} "
-            f"| x{r['time_ratio']:.3f} (x{r['ratio_min']:.3f} to x{r['ratio_max']:.3f}) "
-            f"| x{1 / r['time_ratio']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+    return markdown_page(header, markdown_table(columns, cells, "lrlrrlr"))
 
 
 def plot(rows: list[dict], path: Path, title: str) -> None:
@@ -270,20 +273,15 @@ def main() -> None:
     rows = measure(Bench(load_model(resolve_model(args.model))), args)
     cpu = f"{cpu_model()}, {args.threads} threads"
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    command = shlex.join(["python", *sys.argv])
+    command = command_line()
     for row in rows:
         row.update(decode_steps=args.decode_steps, **versions, cpu=cpu, command=command)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
     header = (
         f"`{command}` on {datetime.date.today()}: {args.model} fp32, batch 1, {args.rounds} interleaved "
         f"rounds after a warm-up round, {args.decode_steps} decoded tokens per decode measurement; {cpu}; "
         f"torch {versions['torch']}, transformers {versions['transformers']}. Time ratio < 1 is faster."
     )
-    write_atomic(Path(f"{args.out}.csv"), buffer.getvalue())
-    write_atomic(Path(f"{args.out}.md"), markdown(rows, header))
+    write_results(args.out, rows, markdown(rows, header))
     plot(rows, Path(f"{args.out}.png"), f"{args.model} decode, batch 1, {cpu}")
     print(markdown(rows, header))
 

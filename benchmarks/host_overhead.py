@@ -4,8 +4,9 @@ Eager decode of a small batch is host-bound: on an H200 every gate path cost x1.
 (benchmarks/results/gpu/), the GPU waiting for Python. This measures that host work without a GPU: a tiny
 16-layer Llama (hidden 64, so that the tensor work is negligible) decodes `--steps` single tokens after a
 32-token prompt, one thread, ungated and gated (`output/headwise`, `init="paper"`) on each backend of
-`--backends`, in interleaved rounds; it prints the median time per step and the added time per layer
-(median over rounds), with the range of the rounds, and writes the same as CSV.
+`--backends`, in interleaved rounds after a warm-up round (benchmarks/harness.py); it prints the median time
+per step and the added time per layer (median over rounds), with the range of the rounds, and writes the same
+as CSV.
 
     HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
 
@@ -16,15 +17,13 @@ otherwise idle machine.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import statistics
 import time
 from pathlib import Path
 
 import torch
 import transformers
-from overhead import write_atomic
+from harness import interleaved, markdown_table, median_range, write_csv
 
 from hf_gate_attention import GateConfig, patch, unpatch
 
@@ -64,37 +63,39 @@ def main() -> None:
     )
     model = transformers.LlamaForCausalLM(config).eval()
     cases = ["ungated", *args.backends]
-    seconds = {case: [] for case in cases}
-    for r in range(args.rounds):
-        for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
-            if case != "ungated":
-                patch(model, GateConfig(init="paper"), backend=case)
-            seconds[case].append(step_seconds(model, args.steps))
-            if case != "ungated":
-                unpatch(model)
+
+    def run(case):
+        if case != "ungated":
+            patch(model, GateConfig(init="paper"), backend=case)
+        seconds = step_seconds(model, args.steps)
+        if case != "ungated":
+            unpatch(model)
+        return seconds
+
+    seconds = interleaved(run, cases, args.rounds)
     rows = []
     for case in cases:
         added = [(s - b) / LAYERS * 1e6 for s, b in zip(seconds[case], seconds["ungated"], strict=True)]
+        median, low, high = median_range(added)
         rows.append(
             {
                 "case": case,
                 "ms_per_step": statistics.median(seconds[case]) * 1e3,
-                "added_us_per_layer": statistics.median(added),
-                "added_min": min(added),
-                "added_max": max(added),
+                "added_us_per_layer": median,
+                "added_min": low,
+                "added_max": high,
             }
         )
-    print("| case | ms per step | added us per layer [min, max] |\n|---|---|---|")
-    for row in rows:
-        print(
-            f"| {row['case']} | {row['ms_per_step']:.2f} | {row['added_us_per_layer']:.0f} "
-            f"[{row['added_min']:.0f}, {row['added_max']:.0f}] |"
-        )
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(Path(args.out), text.getvalue())
+    cells = [
+        [
+            r["case"],
+            f"{r['ms_per_step']:.2f}",
+            f"{r['added_us_per_layer']:.0f} [{r['added_min']:.0f}, {r['added_max']:.0f}]",
+        ]
+        for r in rows
+    ]
+    print("\n".join(markdown_table(["case", "ms per step", "added us per layer [min, max]"], cells)))
+    write_csv(Path(args.out), rows)
 
 
 if __name__ == "__main__":

@@ -37,23 +37,16 @@ Example:
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
-import io
 import multiprocessing
 import os
-import platform
-import re
-import shlex
 import statistics
-import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import torch
 import transformers
+from harness import command_line, cpu_model, interleaved, markdown_page, markdown_table, ratios, write_results
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.memory import peak_growth_mib
@@ -71,14 +64,6 @@ CASES = {
 # Targets of the issue: stated for the output gate, applied here to every variant of the same granularity.
 TIME_TARGETS = {"headwise": 1.03, "elementwise": 1.10}
 MEMORY_TARGET = 1.05
-
-
-def cpu_model() -> str:
-    """The CPU's model name from `/proc/cpuinfo` (or `platform.processor()` elsewhere)."""
-    try:
-        return re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()).group(1).strip()
-    except (OSError, AttributeError):
-        return platform.processor() or "unknown CPU"
 
 
 class Bench:
@@ -145,22 +130,22 @@ def time_cases(bench: Bench, phases: list[str], cases: list[str], repeats: int) 
             gate = CASES[case]
             bench.timed(phase, gate)  # warm-up
             added = sum(p.numel() for p in gate_parameters(bench.model))
-            pairs = []
-            for repeat in range(repeats):
-                order = [("baseline", None), ("patched", gate)][:: 1 if repeat % 2 == 0 else -1]
-                times = {name: bench.timed(phase, g) for name, g in order}
-                pairs.append((times["baseline"], times["patched"]))
-                print(
-                    f"{phase} {case} {repeat + 1}/{repeats}: {pairs[-1][0]:.3f} s / {pairs[-1][1]:.3f} s",
-                    flush=True,
-                )
+
+            def report(index, times, case=case, phase=phase):
+                pair = f"{times['baseline'][-1]:.3f} s / {times['patched'][-1]:.3f} s"
+                print(f"{phase} {case} {index + 1}/{repeats}: {pair}", flush=True)
+
+            def run(side, gate=gate, phase=phase):
+                return bench.timed(phase, gate if side == "patched" else None)
+
+            times = interleaved(run, ["baseline", "patched"], repeats, warmup=False, on_round=report)
             rows.append(
                 {
                     "case": case,
                     "phase": phase,
-                    "baseline_s": statistics.median(b for b, _ in pairs),
-                    "patched_s": statistics.median(p for _, p in pairs),
-                    "time_ratio": statistics.median(p / b for b, p in pairs),
+                    "baseline_s": statistics.median(times["baseline"]),
+                    "patched_s": statistics.median(times["patched"]),
+                    "time_ratio": statistics.median(ratios(times["patched"], times["baseline"])),
                     "time_target": TIME_TARGETS[gate["granularity"]],
                     "added_params": added,
                     "added_params_pct": 100 * added / bench.base_params,
@@ -191,29 +176,23 @@ def markdown(rows: list[dict], header: str) -> str:
     def mark(value: float, target: float) -> str:
         return f"{value:.3f} {'pass' if value <= target else 'MISS'} (<= {target:.2f})"
 
-    lines = [
-        header,
-        "",
-        "| case | phase | baseline s | gated s | time ratio | baseline peak MiB | gated peak MiB "
-        "| memory ratio | added params |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|",
+    columns = ["case", "phase", "baseline s", "gated s", "time ratio", "baseline peak MiB", "gated peak MiB"]
+    columns += ["memory ratio", "added params"]
+    cells = [
+        [
+            r["case"],
+            r["phase"],
+            f"{r['baseline_s']:.3f}",
+            f"{r['patched_s']:.3f}",
+            mark(r["time_ratio"], r["time_target"]),
+            f"{r['baseline_mem_mib']:.1f}",
+            f"{r['patched_mem_mib']:.1f}",
+            mark(r["mem_ratio"], MEMORY_TARGET),
+            f"{r['added_params']:,} ({r['added_params_pct']:.2f}%)",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['case']} | {r['phase']} | {r['baseline_s']:.3f} | {r['patched_s']:.3f} "
-            f"| {mark(r['time_ratio'], r['time_target'])} | {r['baseline_mem_mib']:.1f} "
-            f"| {r['patched_mem_mib']:.1f} | {mark(r['mem_ratio'], MEMORY_TARGET)} "
-            f"| {r['added_params']:,} ({r['added_params_pct']:.2f}%) |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        f.write(text)
-    os.chmod(f.name, 0o644)  # NamedTemporaryFile creates it private
-    os.replace(f.name, path)
+    return markdown_page(header, markdown_table(columns, cells, "llrrlrrlr"))
 
 
 def main() -> None:
@@ -254,20 +233,14 @@ def main() -> None:
         baseline, patched = growths[row["phase"], None], growths[row["phase"], row["case"]]
         row.update(baseline_mem_mib=baseline, patched_mem_mib=patched, mem_ratio=patched / baseline)
         row.update(seq_len=args.seq_len, repeats=args.repeats, **versions, cpu=cpu)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    command = shlex.join(["python", *sys.argv])
     header = (
-        f"`{command}` on {datetime.date.today()}: {args.model}, {args.seq_len} tokens, batch 1, "
+        f"`{command_line()}` on {datetime.date.today()}: {args.model}, {args.seq_len} tokens, batch 1, "
         f"{args.repeats} paired repeats; {cpu}; torch {versions['torch']}, transformers "
         f"{versions['transformers']}. Times are medians, ratios medians of paired ratios; peak memory is the "
         "RSS growth during one call."
     )
     table = markdown(rows, header)
-    write_atomic(Path(f"{args.out}.csv"), buffer.getvalue())
-    write_atomic(Path(f"{args.out}.md"), table)
+    write_results(args.out, rows, table)
     print(table)
 
 

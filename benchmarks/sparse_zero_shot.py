@@ -15,17 +15,13 @@ model; keeping 2 or 1 of the 3 groups, the dropped ones reading nothing (their o
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import shlex
-import sys
 from pathlib import Path
 
 import torch
+from harness import command_line, markdown_page, markdown_table, write_results
 from transformers import AutoModelForCausalLM
 
 from hf_gate_attention import GateConfig, patch, unpatch
-from hf_gate_attention.files import atomic_write_text
 from hf_gate_attention.offline import resolve_model
 from hf_gate_attention.recipes.summarization.compare import load_data
 from hf_gate_attention.recipes.summarization.config import load_config
@@ -77,21 +73,13 @@ def main() -> None:
             unpatch(model)
         rows.append({"case": case_name(top_k, sink, window), "validation_loss": round(loss, 4)})
         print(f"{rows[-1]['case']}: {loss:.4f}", flush=True)
-    command = shlex.join(["python", "benchmarks/sparse_zero_shot.py", *sys.argv[1:]])
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(Path(f"{args.out}.csv"), text.getvalue())
-    lines = [
-        f"`{command}`: {config.model}, {len(batches)} validation examples of `{config.dataset}` "
-        f"({config.doc_token_budget}-token prompts), mean loss on the summary tokens, no training.",
-        "",
-        "| case | validation loss |",
-        "|---|---:|",
-        *(f"| {row['case']} | {row['validation_loss']:.4f} |" for row in rows),
-    ]
-    atomic_write_text(Path(f"{args.out}.md"), "\n".join(lines) + "\n")
+    header = (
+        f"`{command_line()}`: {config.model}, {len(batches)} validation examples of `{config.dataset}` "
+        f"({config.doc_token_budget}-token prompts), mean loss on the summary tokens, no training."
+    )
+    cells = [[row["case"], f"{row['validation_loss']:.4f}"] for row in rows]
+    table = markdown_table(["case", "validation loss"], cells, "lr")
+    write_results(args.out, rows, markdown_page(header, table))
 
 
 if __name__ == "__main__":

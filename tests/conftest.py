@@ -30,8 +30,9 @@ RESULTS_RUNS = [
 
 
 def pytest_sessionstart(session):
-    """The test folders (core, kernels, sharing, diagnostics, recipes, gpu) have no __init__.py: pytest's
-    default "prepend" import mode imports each module by its file name, so a name used twice would clash."""
+    """The test folders (core, kernels, sharing, diagnostics, recipes, gpu, benchmarks) have no __init__.py:
+    pytest's default "prepend" import mode imports each module by its file name, so a name used twice would
+    clash."""
     names = Counter(path.name for path in Path(__file__).parent.rglob("*.py") if path.name != "conftest.py")
     if clashes := sorted(name for name, count in names.items() if count > 1):
         raise pytest.UsageError(f"test module names must be unique across tests/: {', '.join(clashes)}")

@@ -1,0 +1,136 @@
+"""benchmarks/gpu.py's rows on the CPU: the CUDA parts (graphed decode, kernel timings) replaced by fakes
+with fixed times per round, so that rotation, errors, ratios and verdicts are checked against hand-computed
+values."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import attention_kernels
+import gpu_phases
+import pytest
+import torch
+from gpu_bench import BASELINE, SPARSE_DENSE, Bench
+
+TOP1, TOP8 = "output/headwise top-1:triton", "output/headwise top-8:triton"
+
+
+def sparse_bench(rounds: int) -> Bench:
+    model = SimpleNamespace(eval=lambda: None, zero_grad=lambda **_: None)
+    model.config = SimpleNamespace(num_key_value_heads=8)
+    args = SimpleNamespace(device="cpu", gates=[], backends=[], top_ks=[1, 8], rounds=rounds, sparse_steps=4)
+    return Bench(model, args)
+
+
+def fake_decoder(monkeypatch, seconds: dict, calls: list) -> None:
+    """`graph_decoder` whose run(case) returns the case's next time (the first call: the untimed one)."""
+    monkeypatch.setattr(gpu_phases, "random_static_cache", lambda *args: object())
+
+    def graph_decoder(bench, cache, context, batch, steps, diffs):
+        def run(case):
+            calls.append(case)
+            diffs.setdefault(case, 0.0)
+            value = seconds[case].pop(0)
+            if isinstance(value, Exception):
+                raise value
+            return {"s": value}
+
+        return run
+
+    monkeypatch.setattr(gpu_phases, "graph_decoder", graph_decoder)
+
+
+def test_sparse_decode_rows(monkeypatch):
+    seconds = {
+        BASELINE: [9.0, 4.0, 4.0, 5.0],
+        SPARSE_DENSE: [9.0, 4.4, 4.0, 5.5],
+        TOP1: [9.0, 1.0, 2.0, 2.0],
+        TOP8: [9.0, 4.0, 4.4, 5.0],
+    }
+    calls = []
+    fake_decoder(monkeypatch, seconds, calls)
+    rows = gpu_phases.run_sparse_decode(sparse_bench(3), math.inf, batch=16, context=32768)
+    first, rotations = calls[:4], [calls[4:8], calls[8:12], calls[12:]]
+    assert first == [BASELINE, SPARSE_DENSE, TOP1, TOP8]
+    assert rotations == [first, first[1:] + first[:1], first[2:] + first[:2]]
+    rows = {row["case"]: row for row in rows}
+    assert all("ratio" not in row for row in rows.values())  # reported as speed-ups
+    assert "speedup_ratio" not in rows[BASELINE] and "dense_ratio" not in rows[SPARSE_DENSE]
+    # top-1: speed-ups 4/1, 4/2, 5/2 against the target of 2.5 at 32k, batch 16; vs dense 1/4.4, 2/4, 2/5.5
+    top1 = rows[TOP1]
+    assert (top1["speedup_ratio"], top1["speedup_ratio_min"], top1["speedup_ratio_max"]) == (2.5, 2.0, 4.0)
+    assert (top1["speedup_target"], top1["speedup_status"]) == (">= 2.5", "pass")
+    assert top1["dense_ratio"] == pytest.approx(2 / 5.5)
+    assert (top1["dense_ratio_min"], top1["dense_ratio_max"]) == pytest.approx((1 / 4.4, 0.5))
+    assert "dense_status" not in top1  # dense limit only at 4k and 8k
+    assert top1["median_ms"] == 2000.0 and top1["step_ms"] == 500.0 and top1["tokens_per_s"] == 16 * 4 / 2.0
+    # top-8 keeps every group: time <= 1.03 x ungated, i.e. speed-up >= 1 / 1.03; speed-ups 1, 4/4.4, 1
+    top8 = rows[TOP8]
+    assert (top8["speedup_ratio"], top8["speedup_status"]) == (1.0, "pass")
+    assert top8["speedup_ratio_min"] == pytest.approx(4 / 4.4)
+
+
+def test_sparse_decode_failing_case_keeps_its_error(monkeypatch):
+    seconds = {
+        BASELINE: [9.0, 4.0, 4.0],
+        SPARSE_DENSE: [9.0, 4.0, 4.0],
+        TOP1: [9.0, 1.0, RuntimeError("capture failed")],
+        TOP8: [RuntimeError("no kernel")],
+    }
+    calls = []
+    fake_decoder(monkeypatch, seconds, calls)
+    rows = gpu_phases.run_sparse_decode(sparse_bench(2), math.inf, batch=1, context=4096)
+    rows = {row["case"]: row for row in rows}
+    assert calls.count(TOP8) == 1  # not called again after its first call failed
+    assert rows[TOP8]["rounds"] == 0 and rows[TOP8]["error"] == "error: RuntimeError: no kernel"
+    assert math.isnan(rows[TOP8]["first_call_s"]) and "speedup_ratio" not in rows[TOP8]
+    top1 = rows[TOP1]
+    assert top1["rounds"] == 1 and top1["error"] == "error: RuntimeError: capture failed"
+    assert top1["speedup_ratio"] == 4.0 and top1["dense_ratio"] == 0.25
+    assert (top1["dense_target"], top1["dense_status"]) == ("<= 1.03", "pass")
+
+
+def test_kernel_shape_rows(monkeypatch):
+    """Throughput vs sdpa per round: sdpa time / method time of the same round."""
+    times = {"sdpa": {"fwd": [2.0, 2.0, 4.0], "bwd": [4.0, 4.0, 4.0]}}
+    times["sdpa+fused_gate"] = {"fwd": [2.5, 2.0, 4.4], "bwd": [5.0, 4.0, 4.0]}
+    called = []
+
+    def method(name):
+        def run(q, k, v, gate_logits, causal):
+            if name == "triton":
+                raise RuntimeError("no kernel")
+            called.append(name)
+            return q.transpose(1, 2) * 1.0
+
+        return run
+
+    def make_inputs(batch, heads, length, dim, width):
+        q, k, v = (torch.randn(batch, length, heads, dim).transpose(1, 2).requires_grad_() for _ in range(3))
+        return q, k, v, torch.randn(batch, length, heads, width).requires_grad_()
+
+    def time_ms(run, setup, warmup, repeats):
+        state = setup()  # bwd: the forward to differentiate
+        run(state)
+        return times[called[-1]]["fwd" if state is None else "bwd"].pop(0)
+
+    monkeypatch.setattr(gpu_phases, "KERNEL_TOKENS", 8)
+    monkeypatch.setattr(gpu_phases, "KERNEL_HIDDEN", 8)
+    monkeypatch.setattr(attention_kernels, "make_inputs", make_inputs)
+    monkeypatch.setattr(attention_kernels, "sdpa_torch_gate", method("sdpa+torch_gate"))
+    monkeypatch.setattr(attention_kernels, "time_ms", time_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    methods = {name: method(name) for name in ("sdpa", "sdpa+fused_gate", "triton")}
+    rows = gpu_phases.kernel_shape(methods, 4, 4, "headwise", 3, math.inf)
+    rows = {(r["method"], r["pass"]): r for r in rows}
+    assert rows["sdpa", "fwd"]["ratio"] == 1.0 and "status" not in rows["sdpa", "fwd"]
+    fwd = rows["sdpa+fused_gate", "fwd"]  # 2 / 2.5, 2 / 2, 4 / 4.4
+    assert fwd["ratio"] == pytest.approx(4 / 4.4) and (fwd["ratio_min"], fwd["ratio_max"]) == (0.8, 1.0)
+    assert (fwd["median_ms"], fwd["rounds"], fwd["target"], fwd["status"]) == (2.5, 3, ">= 0.97", "MISS")
+    assert fwd["max_abs_diff_vs_torch_gate"] == 0.0 and (fwd["batch"], fwd["heads"]) == (2, 2)
+    bwd = rows["sdpa+fused_gate", "bwd"]  # 4 / 5, 4 / 4, 4 / 4
+    assert (bwd["ratio"], bwd["ratio_min"], bwd["status"]) == (1.0, 0.8, "pass")
+    failed = rows["triton", "fwd"]
+    assert failed["error"] == "error: RuntimeError: no kernel"
+    assert failed["rounds"] == 0 and "ratio" not in failed

@@ -24,8 +24,10 @@ from torch.nn import functional as F
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
 from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from ..core.streaming import streaming_keys
 from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
+from .reference import sigmoid_gate, visible_keys
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_triton"
 UNSUPPORTED_ATTENTION_OPTIONS = ("sliding_window", "attn_logit_softcapping")
@@ -46,21 +48,18 @@ def _triton_unavailable(dtype: torch.dtype) -> str | None:
     return None
 
 
-def _streaming_unavailable(config: GateConfig) -> str | None:
-    if config.dropped_reads_keys:
-        return "dropped units reading sink and window keys (top_k_sink/top_k_window) run on backend 'torch'"
-    return None
-
-
 def _fused_gate_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
-    return _streaming_unavailable(config) or _triton_unavailable(weight.dtype)
+    if config.dropped_reads_keys:
+        reads = "dropped units reading sink and window keys (top_k_sink/top_k_window)"
+        return f"{reads} run on backends 'torch' and 'triton'"
+    return _triton_unavailable(weight.dtype)
 
 
 def _attention_unavailable(config: GateConfig, model_config, head_dim: int, weight) -> str | None:
     """Why the fused attention kernel cannot serve this model, or `None` if it can."""
     from . import check_supported
 
-    reason = _streaming_unavailable(config) or _triton_unavailable(weight.dtype)
+    reason = _triton_unavailable(weight.dtype)
     if reason is not None:
         return reason
     try:
@@ -155,7 +154,12 @@ def fused_attention_forward(
         t is not None and t.requires_grad for t in (query, key, value, logits)
     )
     short = query.shape[2] <= MAX_DECODE_QUERIES and not needs_grad
-    attention = gated_decode_attention if short else gated_flash_attention
+    gate = None if block_patch is None else block_patch._gate()
+    streaming = {} if gate is None or not gate.dropped_reads_keys else _streaming_options(gate)
+    if streaming and not short:  # prefill and training: the vendor attention twice (see the README)
+        attention = streaming_attention
+    else:
+        attention = gated_decode_attention if short else gated_flash_attention
     out = attention(
         query,
         key,
@@ -167,8 +171,33 @@ def fused_attention_forward(
         key_padding_mask=key_padding_mask,
         sm_scale=scaling,
         kv_length=kv_length,
+        **streaming,
     )
     return out, None
+
+
+def _streaming_options(gate: nn.Module) -> dict:
+    return {"top_k_sink": gate.top_k_sink, "top_k_window": gate.top_k_window}
+
+
+def streaming_attention(
+    query, key, value, gate_logits, gate_scale, keep, causal, key_padding_mask, sm_scale, kv_length, **reads
+):
+    """Gated attention whose dropped heads read their sink and window keys (`gated_attention_reference` with
+    `top_k_sink`/`top_k_window`) on SDPA: every head attends twice, to the keys it sees and to the streaming
+    ones, and each query row takes the first where it keeps the head. For prefill and training (the
+    split-KV kernel serves decode); rows without a visible key give 0. Returns `(B, L, H, D)`."""
+    batch, _, length, _ = query.shape
+    visible = visible_keys(batch, length, key.shape[2], causal, key_padding_mask, kv_length, query.device)
+    reads = streaming_keys(visible, reads["top_k_sink"], reads["top_k_window"])  # (B, 1, L, S)
+
+    def attend(mask: torch.Tensor) -> torch.Tensor:  # a row that sees nothing attends to all, then gives 0
+        mask = mask | ~mask.any(-1, keepdim=True)
+        return F.scaled_dot_product_attention(query, key, value, mask, scale=sm_scale, enable_gqa=True)
+
+    kept = keep.transpose(1, 2).unsqueeze(-1) > 0  # (B, H, L, 1)
+    out = torch.where(kept, attend(visible), attend(reads)) * visible.any(-1, keepdim=True)  # (B, H, L, D)
+    return out.transpose(1, 2) * sigmoid_gate(gate_logits, gate_scale, None).to(out.dtype)
 
 
 def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float, keep) -> torch.Tensor:

@@ -59,6 +59,8 @@ def _decode_split_kernel(
     KEEP,
     KPM,
     KV_LEN,
+    SINK_STOP,
+    WINDOW_START,
     PART_OUT,
     PART_LSE,
     stride_qb,
@@ -83,6 +85,7 @@ def _decode_split_kernel(
     HAS_KPM: tl.constexpr,
     HAS_KV_LEN: tl.constexpr,
     HAS_KEEP: tl.constexpr,
+    STREAMING: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -107,8 +110,24 @@ def _decode_split_kernel(
     start = c * CHUNK
     end = tl.minimum(start + CHUNK, filled)
     if HAS_KEEP:
-        kept = tl.max(tl.load(KEEP + row, mask=row_ok, other=0.0), 0) > 0
+        row_kept = tl.load(KEEP + row, mask=row_ok, other=0.0) > 0  # (BLOCK_M,)
+        kept = tl.max(row_kept.to(tl.int32), 0) > 0
+    if HAS_KEEP and not STREAMING:
         end = tl.where(kept, end, start)
+    # with STREAMING, the dropped rows read keys < sink_stop and >= their window_start only: a tile without a
+    # kept row runs [start, sink_end) and [window_from, end), whole key blocks of the chunk, disjoint
+    sink_end = end
+    window_from = end
+    sink_stop = 0
+    window_start = tl.zeros([BLOCK_M], dtype=tl.int32)
+    if STREAMING:
+        sink_stop = tl.load(SINK_STOP + b).to(tl.int32)
+        window_start = tl.load(WINDOW_START + b * LQ + i, mask=row_ok, other=S).to(tl.int32)  # (BLOCK_M,)
+        first_window = tl.min(tl.where(row_ok, window_start, S), 0)
+        sink_end = tl.where(kept, end, tl.maximum(tl.minimum(end, sink_stop), start))
+        sink_blocks_end = start + tl.cdiv(sink_end - start, BLOCK_N) * BLOCK_N
+        window_from = start + tl.maximum(first_window - start, 0) // BLOCK_N * BLOCK_N
+        window_from = tl.where(kept, end, tl.minimum(tl.maximum(window_from, sink_blocks_end), end))
 
     q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + i[:, None] * stride_ql + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
@@ -119,10 +138,22 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     # CHUNK is a multiple of BLOCK_N: every key block lies in this chunk; the last one is masked at `filled`
-    acc, l_i, m_i = fwd_key_blocks(
-        acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, end, LQ, filled,
-        sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
-    )  # fmt: skip
+    if STREAMING:
+        acc, l_i, m_i = fwd_key_blocks(
+            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, sink_end, LQ,
+            filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION, row_kept, sink_stop,
+            window_start, True,
+        )  # fmt: skip
+        acc, l_i, m_i = fwd_key_blocks(
+            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, window_from, end,
+            LQ, filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION, row_kept,
+            sink_stop, window_start, True,
+        )  # fmt: skip
+    else:
+        acc, l_i, m_i = fwd_key_blocks(
+            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, end, LQ,
+            filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+        )  # fmt: skip
 
     has_key = l_i > 0
     l_safe = tl.where(has_key, l_i, 1.0)
@@ -176,6 +207,27 @@ def _decode_merge_kernel(
     tl.store(OUT + row[:, None] * D + offs_d[None, :], out.to(OUT.dtype.element_ty), mask=tile_ok)
 
 
+def streaming_bounds(key_padding_mask, kv_length, batch, length, keys, causal, sink, window, device):
+    """`(sink_stop (B,), window_start (B, Lq))` int32: a dropped head of query `i` of sequence `b` reads the
+    visible keys `j < sink_stop[b]` (the first `sink` keys that exist and are not padding) and
+    `j >= window_start[b, i]` (the last `window` that query sees). Device ops only: no host sync."""
+    filled = torch.full((batch,), keys, device=device) if kv_length is None else kv_length.expand(batch)
+    valid = torch.arange(keys, device=device) < filled[:, None]  # (B, S) keys that exist
+    if key_padding_mask is not None:
+        valid = valid & key_padding_mask.bool()
+    rank = valid.cumsum(-1)  # (B, S) how many valid keys up to each position
+    if causal:  # query i is position i + filled - Lq: it sees the valid keys up to there
+        position = torch.arange(length, device=device) + (filled - length)[:, None]  # (B, Lq)
+        seen = rank.gather(1, position.clamp(0, keys - 1)) * (position >= 0)  # (B, Lq)
+    else:
+        seen = rank[:, -1:].expand(batch, length)
+    never = torch.full((batch, 1), keys, device=device)
+    sink_stop = torch.searchsorted(rank, torch.full_like(never, sink)) + 1 if sink > 0 else never * 0
+    first = (seen - window + 1).clamp(min=1).contiguous()  # rank of the first window key
+    window_start = torch.searchsorted(rank, first) if window > 0 else never.expand(batch, length)
+    return sink_stop.flatten().to(torch.int32), window_start.to(torch.int32).contiguous()
+
+
 @functools.cache
 def _target_programs(device: torch.device) -> int:
     """Split programs that fill the device: two per multiprocessor (a few in the interpreter)."""
@@ -203,6 +255,8 @@ def decode_attention_forward(
     causal: bool,
     sm_scale: float,
     num_chunks: int | None = None,
+    top_k_sink: int = 0,
+    top_k_window: int = 0,
 ) -> torch.Tensor:
     """Gated attention of a short query (arguments as in `gated_attention_reference`), split over `num_chunks`
     key chunks (default: `num_key_chunks`; fewer when S needs fewer). Returns `(B, Lq, H, D)`, dtype of q."""
@@ -219,19 +273,27 @@ def decode_attention_forward(
         num_chunks = num_key_chunks(keys, batch * kv_heads * row_blocks, q.device)
     chunk = triton.cdiv(triton.cdiv(keys, num_chunks), BLOCK_N) * BLOCK_N  # keys per chunk, whole blocks
     num_chunks = triton.cdiv(keys, chunk)
+    streaming = keep is not None and (top_k_sink > 0 or top_k_window > 0)
+    sink_stop, window_start = q, q  # never read without streaming
+    if streaming:
+        sink_stop, window_start = streaming_bounds(
+            key_padding_mask, kv_length, batch, length, keys, causal, top_k_sink, top_k_window, q.device
+        )
     rows = batch * length * heads
     part_out = torch.empty(rows, num_chunks, dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(rows, num_chunks, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(dim))
     _decode_split_kernel[(num_chunks, batch * kv_heads, row_blocks)](
-        q, k, v, keep_, kpm, kv_len, part_out, part_lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        stride_kvl, heads, length, keys, dim, group, chunk, num_chunks, sm_scale, CAUSAL=causal,
-        HAS_KPM=flags["HAS_KPM"], HAS_KV_LEN=flags["HAS_KV_LEN"], HAS_KEEP=flags["HAS_KEEP"],
-        **dot_flags(q.dtype), BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        q, k, v, keep_, kpm, kv_len, sink_stop, window_start, part_out, part_lse, *q.stride()[:3],
+        *k.stride()[:3], *v.stride()[:3], stride_kvl, heads, length, keys, dim, group, chunk, num_chunks,
+        sm_scale, CAUSAL=causal, HAS_KPM=flags["HAS_KPM"], HAS_KV_LEN=flags["HAS_KV_LEN"],
+        HAS_KEEP=flags["HAS_KEEP"], STREAMING=streaming, **dot_flags(q.dtype), BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     out = torch.empty(batch, length, heads, dim, dtype=q.dtype, device=q.device)
     _decode_merge_kernel[(triton.cdiv(rows, MERGE_BLOCK_R),)](
         part_out, part_lse, z, keep_, out, rows, dim, num_chunks, gate_scale, HAS_GATE=flags["HAS_GATE"],
-        HAS_KEEP=flags["HAS_KEEP"], ELEMENTWISE=flags["ELEMENTWISE"], BLOCK_D=block_d, BLOCK_R=MERGE_BLOCK_R,
+        HAS_KEEP=flags["HAS_KEEP"] and not streaming, ELEMENTWISE=flags["ELEMENTWISE"], BLOCK_D=block_d,
+        BLOCK_R=MERGE_BLOCK_R,
     )  # fmt: skip
     return out

@@ -146,13 +146,27 @@ def fwd_key_blocks(
     HAS_KPM: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    reads_all=None,
+    sink_stop=None,
+    window_start=None,
+    STREAMING: tl.constexpr = False,
 ):
     """Online softmax of one query tile over the key blocks `[start, end)` of the `S` keys that exist (`S`:
     the filled length): `acc (BLOCK_M, BLOCK_D)`, the running sums `l_i` and maxima `m_i (BLOCK_M,)` of the
-    base-2 scores, all float32. `KPM` points at the sequence's row."""
+    base-2 scores, all float32. `KPM` points at the sequence's row (padding keys are neither loaded nor
+    seen). With `STREAMING`, a row that does not
+    `reads_all (BLOCK_M,)` sees only keys `< sink_stop` or `>= window_start (BLOCK_M,)`, and a key no row
+    sees is not loaded."""
     for start_n in range(start, end, offs_n.shape[0]):
         cols = start_n + offs_n  # (BLOCK_N,) key positions
         col_ok = cols < S
+        if HAS_KPM:  # padding keys are not loaded
+            col_ok = col_ok & (tl.load(KPM + cols, mask=col_ok, other=0) != 0)  # (BLOCK_N,)
+        if STREAMING:
+            reads = (
+                reads_all[:, None] | (cols[None, :] < sink_stop) | (cols[None, :] >= window_start[:, None])
+            )
+            col_ok = col_ok & (tl.max(reads.to(tl.int32), 0) > 0)  # (BLOCK_N,) keys some row reads
         tile_ok = col_ok[:, None] & dim_ok[None, :]
         k = tl.load(K + cols[:, None] * stride_ks + offs_d[None, :], mask=tile_ok, other=0.0).to(DOT_DTYPE)
         v = tl.load(V + cols[:, None] * stride_vs + offs_d[None, :], mask=tile_ok, other=0.0).to(DOT_DTYPE)
@@ -163,8 +177,9 @@ def fwd_key_blocks(
                 visible = visible & (cols[None, :] <= rows[:, None] + S - L)
             scores = tl.where(visible, scores, float("-inf"))
         if HAS_KPM:
-            attend = tl.load(KPM + cols, mask=col_ok, other=0)  # (BLOCK_N,)
-            scores = tl.where(attend[None, :] != 0, scores, float("-inf"))
+            scores = tl.where(col_ok[None, :], scores, float("-inf"))
+        if STREAMING:
+            scores = tl.where(reads & col_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no visible key yet
         p = tl.math.exp2(scores - m_safe[:, None])

@@ -267,17 +267,20 @@ def _gated_decode_attention(
     causal: bool,
     sm_scale: float,
     num_chunks: int | None,
+    top_k_sink: int,
+    top_k_window: int,
 ) -> torch.Tensor:
     _require_triton(q.device)
     from .decode_attention import decode_attention_forward
 
     return decode_attention_forward(
-        q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks
-    )
+        q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks,
+        top_k_sink, top_k_window,
+    )  # fmt: skip
 
 
 @_gated_decode_attention.register_fake
-def _(q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks):
+def _(q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, *options):
     batch, heads, length, dim = q.shape
     return q.new_empty(batch, length, heads, dim)
 
@@ -294,6 +297,8 @@ def gated_decode_attention(
     sm_scale: float | None = None,
     kv_length: torch.Tensor | None = None,
     num_chunks: int | None = None,
+    top_k_sink: int = 0,
+    top_k_window: int = 0,
 ) -> torch.Tensor:
     """Split-KV ("flash-decoding") gated attention of a short query (`L <= 16`: decode, speculative or short
     chunks), the same result as `gated_flash_attention` (`decode_attention.py`).
@@ -310,6 +315,9 @@ def gated_decode_attention(
             `gated_flash_attention`.
         num_chunks (`int`, *optional*): key chunks per (sequence, group); default chosen from the shapes
             only (S, B * KV and the GPU's multiprocessor count).
+        top_k_sink, top_k_window (`int`, *optional*, default to 0): with `keep`, a dropped head attends to the
+            first `top_k_sink` and the last `top_k_window` keys its query sees, and keeps its gate
+            (`gated_attention_reference`); only those keys of a fully dropped group are read.
 
     Returns:
         `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
@@ -327,14 +335,18 @@ def gated_decode_attention(
         )
     if num_chunks is not None and num_chunks < 1:
         raise ValueError(f"num_chunks must be a positive int or None, got {num_chunks}")
+    for name, value in (("top_k_sink", top_k_sink), ("top_k_window", top_k_window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     args = (q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal))
+    options = (float(sm_scale), num_chunks, top_k_sink, top_k_window)
     if torch.compiler.is_compiling():  # the custom op traces; in eager the launcher skips its dispatch
-        return _gated_decode_attention(*args, float(sm_scale), num_chunks)
+        return _gated_decode_attention(*args, *options)
     _require_triton(q.device)
     from .decode_attention import decode_attention_forward
 
-    return decode_attention_forward(*args, float(sm_scale), num_chunks)
+    return decode_attention_forward(*args, *options)
 
 
 # --- Fused sigmoid-gate-multiply ---

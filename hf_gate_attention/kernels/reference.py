@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core.streaming import streaming_keys
+
 
 def sigmoid_gate(
     gate_logits: torch.Tensor | None, gate_scale: float, keep: torch.Tensor | None
@@ -28,6 +30,21 @@ def sigmoid_gate(
     return gate
 
 
+def visible_keys(batch: int, length: int, keys: int, causal: bool, key_padding_mask, kv_length, device):
+    """The keys each query sees, bool `(B, 1, L, S)`: those that exist (`j < kv_length`), are not padding,
+    and, with `causal`, lie at or before the query (query `i` is position `i + kv_length - L`)."""
+    filled = torch.full((batch,), keys, device=device) if kv_length is None else kv_length.expand(batch)
+    key_at = torch.arange(keys, device=device)  # (S,)
+    visible = key_at < filled[:, None, None]  # (B, 1, S)
+    if causal:
+        query_at = torch.arange(length, device=device)[:, None]  # (L, 1)
+        visible = visible & (key_at <= query_at + (filled - length)[:, None, None])  # (B, L, S)
+    visible = visible.unsqueeze(1).expand(batch, 1, length, keys)  # (B, 1, L, S)
+    if key_padding_mask is not None:
+        visible = visible & key_padding_mask.bool()[:, None, None, :]
+    return visible
+
+
 def gated_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -39,6 +56,8 @@ def gated_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
     kv_length: torch.Tensor | None = None,
+    top_k_sink: int = 0,
+    top_k_window: int = 0,
 ) -> torch.Tensor:
     """Gated attention `softmax(q k^T * sm_scale) v * g`, materialising the L x S weights.
 
@@ -56,6 +75,9 @@ def gated_attention_reference(
         sm_scale (`float`, *optional*): score scale; defaults to `1 / sqrt(D)`.
         kv_length (`torch.Tensor` of shape `(B,)` or `(1,)`, *optional*): integer; only keys `j < kv_length`
             exist (a static cache's filled length); defaults to S.
+        top_k_sink, top_k_window (`int`, *optional*, default to 0): when either is set, a head that `keep`
+            drops for a query attends to the first `top_k_sink` and the last `top_k_window` keys that query
+            sees and keeps its gate (`GateConfig.top_k_sink`, `core/streaming.py`); else its output is 0.
 
     Returns:
         `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`.
@@ -66,15 +88,12 @@ def gated_attention_reference(
     k = k.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, S, D)
     v = v.repeat_interleave(heads // kv_heads, dim=1)  # (B, H, S, D)
     scores = (q @ k.transpose(-2, -1)) * sm_scale  # (B, H, L, S)
-    filled = torch.full((batch,), keys, device=q.device) if kv_length is None else kv_length.expand(batch)
-    key_at = torch.arange(keys, device=q.device)  # (S,)
-    visible = key_at < filled[:, None, None]  # (B, 1, S)
-    if causal:
-        query_at = torch.arange(length, device=q.device)[:, None]  # (L, 1)
-        visible = visible & (key_at <= query_at + (filled - length)[:, None, None])  # (B, L, S)
-    visible = visible.unsqueeze(1).expand(batch, 1, length, keys)  # (B, 1, L, S)
-    if key_padding_mask is not None:
-        visible = visible & key_padding_mask[:, None, None, :]
+    visible = visible_keys(batch, length, keys, causal, key_padding_mask, kv_length, q.device)
+    streaming = keep is not None and (top_k_sink > 0 or top_k_window > 0)
+    if streaming:  # a dropped head reads its sink and window keys only; its gate stays
+        reads = streaming_keys(visible, top_k_sink, top_k_window)  # (B, 1, L, S)
+        visible = torch.where(keep.transpose(1, 2)[..., None] > 0, visible, reads)  # (B, H, L, S)
+        keep = None
     weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
     weights = torch.where(visible.any(-1, keepdim=True), weights, 0.0)  # rows with no visible key -> 0
     out = (weights @ v).transpose(1, 2)  # (B, L, H, D)

@@ -170,8 +170,9 @@ def test_custom_op_passes_opcheck_and_compiles_without_graph_breaks():
     inputs = decode_inputs(case)
     args = tuple(inputs[n] for n in ("q", "k", "v", "gate_logits", "keep", "key_padding_mask", "kv_length"))
     op = torch.ops.hf_gate_attention.gated_decode_attention
-    result = torch.library.opcheck(op, (*args, 2.0, True, 0.125, 2))
-    assert set(result.values()) == {"SUCCESS"}, result
+    for streaming in ((0, 0), (1, 3)):  # dropped groups read nothing, or their sink and window keys
+        result = torch.library.opcheck(op, (*args, 2.0, True, 0.125, 2, *streaming))
+        assert set(result.values()) == {"SUCCESS"}, result
     compiled = torch.compile(lambda inputs: decode(inputs, True, 2), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(inputs), decode(inputs, True, 2))
 
@@ -192,10 +193,10 @@ def test_decode_refuses_gradients_long_queries_and_bad_lengths():
 GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}  # 3 groups of 2 heads
 
 
-def _gated_llama(backend: str, variant: str = "output", **options):
+def _gated_llama(backend: str, variant: str = "output", reads: dict | None = None, **options):
     model = tiny_model("llama", **GQA)
     torch.manual_seed(7)  # the same gate weights on both backends
-    config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group")
+    config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group", **(reads or {}))
     return patch(model, config, backend=backend, **options)
 
 
@@ -228,9 +229,13 @@ def test_key_mask_passes_the_filled_length_of_static_caches():
     assert torch.equal(kept, prefixed)
 
 
+@pytest.mark.parametrize("dropped", ["nothing", "sink2-window3"])
 @pytest.mark.parametrize("variant", ["output", "qk"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache):
+def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache, dropped):
+    """Greedy generation, prompt left-padded: the triton backend (the split-KV kernel at decode; with sink
+    and window reads, SDPA twice at prefill) equals the torch reference."""
+    reads = {"top_k_sink": 2, "top_k_window": 3} if dropped != "nothing" else None
     inputs = _padded_prompt(7)
     settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "output_scores": True}
     settings["return_dict_in_generate"] = True
@@ -239,7 +244,7 @@ def test_generate_top_k_on_triton_equals_the_masked_reference(variant, cache):
     results = []
     for backend, options in (("torch", {"sparse": False}), ("triton", {})):
         with torch.no_grad():
-            results.append(_gated_llama(backend, variant, **options).generate(**inputs, **settings))
+            results.append(_gated_llama(backend, variant, reads, **options).generate(**inputs, **settings))
     expected, generated = results
     assert torch.equal(generated.sequences, expected.sequences)
     scores, expected_scores = torch.stack(generated.scores), torch.stack(expected.scores)  # (new, B, V)
@@ -284,3 +289,81 @@ def test_compiled_static_cache_decode_steps_equal_the_reference():
     torch.testing.assert_close(
         torch.stack(steps["triton"]), torch.stack(steps["torch"]), atol=1e-5, rtol=1e-5
     )
+
+
+# --- Dropped heads reading their sink and window keys (top_k_sink, top_k_window) ---
+
+STREAMING_CASES = [
+    # (case, sink, window): per-head keep drawn at random (some heads of a group kept, others not)
+    (Case(2, 1, 4, 2, 45, 32, True, "headwise", chunks=3, left_padding=True), 2, 5),
+    (Case(3, 3, 8, 2, 50, 32, True, "elementwise", 4, kv_length=(50, 17, 33)), 1, 16),
+    (Case(2, 2, 4, 4, 37, 16, False, "headwise", chunks=2, left_padding=True, kv_length=(30,)), 0, 7),
+    (Case(1, 5, 8, 1, 40, 32, True, "headwise", chunks=None, kv_length=(21,)), 4, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "sink", "window"),
+    STREAMING_CASES,
+    ids=[f"{c.id}-sink{s}-window{w}" for c, s, w in STREAMING_CASES],
+)
+def test_streaming_decode_matches_reference(case, sink, window):
+    inputs = decode_inputs(case)
+    generator = torch.Generator().manual_seed(case.keys)
+    inputs["keep"] = (torch.rand(case.batch, case.length, case.heads, generator=generator) > 0.5).float()
+    options = {"top_k_sink": sink, "top_k_window": window}
+    with torch.no_grad():
+        out = gated_decode_attention(
+            **inputs, gate_scale=2.0, causal=case.causal, num_chunks=case.chunks, **options
+        )
+    args = {k: t.double() if t is not None and t.is_floating_point() else t for k, t in inputs.items()}
+    expected = gated_attention_reference(**args, gate_scale=2.0, causal=case.causal, **options)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    dropping_nothing = gated_attention_reference(**args, gate_scale=2.0, causal=case.causal)
+    assert (expected - dropping_nothing).abs().max() > 1e-3  # the dropped heads' reads matter
+
+
+def test_streaming_decode_reads_only_the_sink_and_window_of_dropped_groups():
+    """Decode with whole groups dropped and `top_k_sink=2, top_k_window=5`: NaN at every other cached key of
+    those groups (the first 3 slots padded for sequence 0, so its sink starts later; sequence 1 filled to
+    30 of 64 slots) gives the same finite output."""
+    case = Case(2, 1, 6, 3, 64, 32, True, "headwise", chunks=4, kv_length=(64, 30))
+    inputs = decode_inputs(case)
+    inputs["key_padding_mask"] = torch.ones(2, 64, dtype=torch.bool)
+    inputs["key_padding_mask"][0, :3] = False
+    inputs["keep"] = torch.ones(2, 1, 6)
+    dropped = {0: 1, 1: 0}  # sequence -> its dropped group
+    read = {0: [3, 4, *range(59, 64)], 1: [0, 1, *range(25, 30)]}  # sink after padding; window at the end
+    for b, g in dropped.items():
+        inputs["keep"][b, :, 2 * g : 2 * g + 2] = 0.0
+    options = {"gate_scale": 2.0, "causal": True, "num_chunks": 4, "top_k_sink": 2, "top_k_window": 5}
+    with torch.no_grad():
+        clean = gated_decode_attention(**inputs, **options)
+        poisoned = {**inputs, "k": inputs["k"].clone(), "v": inputs["v"].clone()}
+        for b, g in dropped.items():
+            unread = torch.ones(64, dtype=torch.bool)
+            unread[read[b]] = False
+            poisoned["k"][b, g, unread] = float("nan")
+            poisoned["v"][b, g, unread] = float("nan")
+        out = gated_decode_attention(**poisoned, **options)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
+
+
+def test_training_with_sink_and_window_reads_on_triton_equals_torch():
+    """Forward and backward on backend "triton" with `top_k_sink`/`top_k_window` (prefill and training run
+    SDPA twice there): logits and every parameter's gradient equal the torch reference's."""
+    inputs = _padded_prompt(11)
+    real = inputs["attention_mask"].bool()
+    results = []
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        model = _gated_llama(backend, reads={"top_k_sink": 1, "top_k_window": 4}, **options).train()
+        logits = model(**inputs).logits
+        logits[real].square().mean().backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        results.append((logits.detach()[real], grads))
+    (expected, expected_grads), (logits, grads) = results
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("attn_gate" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)

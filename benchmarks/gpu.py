@@ -29,12 +29,14 @@ Phases:
   its own cases: `ungated` (sdpa), the dense gated reference `output/headwise:fused_gate`, and
   `GateConfig(variant="output", granularity="headwise", init="paper", top_k=k, top_k_unit="kv_group")` on
   backend `triton` for each k of `--top-ks` (1, 2, 4, 8 of the 8 key/value groups; k = 8 keeps every group:
-  the kernel's all-kept time). One `StaticCache` per (context, batch), `max_cache_len` = context +
-  `--sparse-steps`, its first `context` slots filled with random keys and values in place (decode time does
-  not depend on them) and its filled length set, rewound after each measurement, freed
-  (`torch.cuda.empty_cache`) before the next (32k x batch 16: 17 GB). Reported as speed-ups, ungated time /
-  case time, and as case time / dense gated time, against `SPARSE_SPEEDUP_TARGETS`, `SPARSE_ALL_KEPT_LIMIT`
-  (k = all groups, at every context and batch) and `SPARSE_DENSE_LIMIT` (every k at 4k and 8k);
+  the kernel's all-kept time), and for each k of `--reads-top-ks` (1, 2) the same with `top_k_sink=4,
+  top_k_window=64` (dropped groups read their sink and window keys). One `StaticCache` per (context, batch),
+  `max_cache_len` = context + `--sparse-steps`, its first `context` slots filled with random keys and values
+  in place (decode time does not depend on them) and its filled length set, rewound after each measurement,
+  freed (`torch.cuda.empty_cache`) before the next (32k x batch 16: 17 GB). Reported as speed-ups, ungated
+  time / case time, and as case time / dense gated time, against `SPARSE_SPEEDUP_TARGETS`,
+  `SPARSE_ALL_KEPT_LIMIT` (k = all groups, at every context and batch) and `SPARSE_DENSE_LIMIT` (every k at
+  4k and 8k);
 - `kernels`: attention alone, bf16, causal, q/k/v transposed views of `(B, L, H, D)` as transformers passes
   them, 16k tokens per shape (B = 16384 / L, H = 2048 / D), L in 4096 and 8192, head_dim 64 and 128, headwise
   and elementwise: `sdpa` (`F.scaled_dot_product_attention` on flash / cuDNN), `sdpa+torch_gate`,
@@ -247,6 +249,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--top-ks", type=int, nargs="+", default=[1, 2, 4, 8], help="sparse_decode: kept key/value groups"
+    )
+    parser.add_argument(
+        "--reads-top-ks",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="sparse_decode: kept groups of the cases whose dropped groups read 4 sink + 64 window keys",
     )
     parser.add_argument("--sparse-steps", type=int, default=32, help="sparse_decode: steps per measurement")
     parser.add_argument("--layers", type=int, default=16)

@@ -81,6 +81,9 @@ class Bench:
         for k in args.top_ks:
             gate = {**headwise, "top_k": k, "top_k_unit": "kv_group"}
             self.sparse_cases[f"output/headwise top-{k}:triton"] = (gate, "triton")
+        for k in getattr(args, "reads_top_ks", ()):  # dropped groups read 4 sink and 64 window keys
+            gate = {**headwise, "top_k": k, "top_k_unit": "kv_group", "top_k_sink": 4, "top_k_window": 64}
+            self.sparse_cases[f"output/headwise top-{k} sink 4 + window 64:triton"] = (gate, "triton")
         self.case, self.resolved = BASELINE, {BASELINE: "-"}
 
     def tokens(self, batch: int, length: int) -> torch.Tensor:

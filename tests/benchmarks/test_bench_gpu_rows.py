@@ -134,3 +134,11 @@ def test_kernel_shape_rows(monkeypatch):
     failed = rows["triton", "fwd"]
     assert failed["error"] == "error: RuntimeError: no kernel"
     assert failed["rounds"] == 0 and "ratio" not in failed
+
+
+def test_sparse_decode_cases_with_sink_and_window_reads():
+    model = SimpleNamespace(eval=lambda: None, zero_grad=lambda **_: None)
+    model.config = SimpleNamespace(num_key_value_heads=8)
+    args = SimpleNamespace(device="cpu", gates=[], backends=[], top_ks=[1], reads_top_ks=[2], rounds=1)
+    gate, backend = Bench(model, args).sparse_cases["output/headwise top-2 sink 4 + window 64:triton"]
+    assert backend == "triton" and (gate["top_k"], gate["top_k_sink"], gate["top_k_window"]) == (2, 4, 64)

@@ -64,8 +64,9 @@ class GateVariant:
         origin (`str`): where it comes from, for `--help` ("paper G1").
         description (`str`): one line for model cards and adapter cards.
         gates (`str`): what the gate multiplies: `"output"`, the attention output (the output projection's
-            input; query heads), applied by the output projection's pre-hook or by an attention function;
-            `"value"`, the value projection's output (key/value heads), applied by its forward hook.
+            input; query heads), applied by the output projection's pre-hook or by an attention function; or a
+            projection role (`"value"`, `"key"`, `"query"`), that projection's output (key/value heads for
+            `"key"` and `"value"`), applied by its forward hook.
         inputs (`tuple`): the gate's inputs as `(name, projection role)` pairs: `x` is that projection's
             input, `q`/`k` its query/key output.
         parameter_shapes (`Callable`): `(gate, hidden_size) -> (weight shape, bias shape)`.

@@ -69,12 +69,14 @@ class GateVariant:
             `"key"` and `"value"`), applied by its forward hook.
         inputs (`tuple`): the gate's inputs as `(name, projection role)` pairs: `x` is that projection's
             input, `q`/`k` its query/key output.
-        parameter_shapes (`Callable`): `(gate, hidden_size) -> (weight shape, bias shape)`.
-        logits (`Callable`): `(gate, x, q, k) -> (..., G, w)`, from the inputs it reads (the others `None`).
         top_k_skips (`bool`): with `top_k`, the attention of dropped units can be skipped (`sparse.py`, the
             `triton` backend's tiles); otherwise top-k is a mask. Needs `gates="output"`.
         dropped_read_keys (`bool`): units top-k drops may read sink and window keys
             (`GateConfig.top_k_sink/top_k_window`). Needs `gates="output"`.
+        parameter_shapes (`Callable`, *optional*): `(gate, hidden_size) -> (weight shape, bias shape)`;
+            defaults to a linear map of `x` (`linear_shapes`).
+        logits (`Callable`, *optional*): `(gate, x, q, k) -> (..., G, w)`, from the inputs it reads (the
+            others `None`); defaults to `linear_logits`.
         layouts (`tuple[str]`): the other checkpoint layouts that can hold it (`sharing/layouts`).
     """
 
@@ -83,10 +85,10 @@ class GateVariant:
     description: str
     gates: str
     inputs: tuple[tuple[str, str], ...]
-    parameter_shapes: Callable
-    logits: Callable
     top_k_skips: bool
     dropped_read_keys: bool
+    parameter_shapes: Callable = linear_shapes
+    logits: Callable = linear_logits
     layouts: tuple[str, ...] = ()
 
     @property
@@ -101,7 +103,7 @@ class GateVariant:
 
     @property
     def reads_query_input(self) -> bool:
-        """Whether the gate reads only the query projection's input (so the query GEMM can compute it)."""
+        """Whether the gate reads only the query projection's input (then the query GEMM can compute it)."""
         return self.inputs == (("x", "query"),)
 
 
@@ -115,8 +117,6 @@ GATE_VARIANTS = {
             "(the paper's G1)",
             gates="output",
             inputs=(("x", "query"),),
-            parameter_shapes=linear_shapes,
-            logits=linear_logits,
             top_k_skips=True,
             dropped_read_keys=True,
             layouts=("paper", "qwen3_next"),
@@ -128,8 +128,6 @@ GATE_VARIANTS = {
             "(the paper's G2)",
             gates="value",
             inputs=(("x", "value"),),
-            parameter_shapes=linear_shapes,
-            logits=linear_logits,
             top_k_skips=False,
             dropped_read_keys=False,
         ),

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.core.hooks import QKV_ROLES
-from hf_gate_attention.core.variants import GATE_VARIANTS, GateVariant, linear_logits, linear_shapes
+from hf_gate_attention.core.variants import GATE_VARIANTS, GateVariant
 from hf_gate_attention.sharing.layouts import LAYOUTS
 
 KEY_GATE = GateVariant(
@@ -22,8 +22,6 @@ KEY_GATE = GateVariant(
     description="a sigmoid gate on the key projection's output, per key/value head",
     gates="key",
     inputs=(("x", "key"),),
-    parameter_shapes=linear_shapes,
-    logits=linear_logits,
     top_k_skips=False,
     dropped_read_keys=False,
 )

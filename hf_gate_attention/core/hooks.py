@@ -2,10 +2,10 @@
 
 Each patched block gets a submodule `attn_gate` (state_dict keys `...<block>.attn_gate.weight/bias`) and
 forward hooks on its own projection modules: those the variant's gate reads from keep their input `X` or
-their output (`q`, `k`; `GateVariant.inputs`), the value projection's gates `V` (variants that gate the
-values), and a pre-hook on the output projection multiplies its input, the attention output, by the gate. No
-class is modified; the hooks follow the modules currently at the family's paths, so wrapping projections later
-(PEFT LoRA) keeps the gate in front of the whole wrapped layer.
+their output (`q`, `k`; `GateVariant.inputs`), the projection whose output the variant gates multiplies it by
+the gate (`V`, variant `value`), or a pre-hook on the output projection multiplies its input, the attention
+output (variants `output`, `qk`). No class is modified; the hooks follow the modules currently at the
+family's paths, so wrapping projections later (PEFT LoRA) keeps the gate in front of the whole wrapped layer.
 
 This module needs only torch: with `config.py`, `variants.py`, `families.py` and `gate.py` it is also copied
 into saved checkpoints as the code that `trust_remote_code=True` runs (see `sharing/saving.py`).
@@ -128,12 +128,12 @@ class _BlockPatch:
 
     def _projection_hook(self, roles: frozenset[str]):
         """The forward hook of a projection with these roles, or `None` if it has nothing to do: it keeps
-        the gate inputs read from it (`x`: its input; else its output's part of that role) and gates its
-        output's part that the variant gates (the values)."""
+        the gate inputs read from it (`x`: its input; else its output's part of that role) and gates the part
+        of its output that the variant gates (`GateVariant.gates`, e.g. the values)."""
         stash = self.stash
         reads = tuple((name, role) for name, role in self.gate_variant.inputs if role in roles)
-        gates = self.gate_variant.gates  # "output" is gated by the output projection's pre-hook
-        gated = gates if gates != "output" and gates in roles else None
+        gates = self.gate_variant.gates  # the attention output is gated by the output projection's pre-hook
+        gated = gates if not self.gate_variant.gates_attention_output and gates in roles else None
         if not reads and gated is None:
             return None
         if gated is None and all(name == "x" for name, _ in reads):

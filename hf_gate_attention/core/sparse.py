@@ -46,10 +46,10 @@ def sparse_unavailable_reason(variant: str, top_k: int | None, model_config) -> 
     gate_variant = GATE_VARIANTS[variant]
     if not gate_variant.top_k_skips:
         why = (
-            "masks the heads top-k drops"
-            if gate_variant.gates_attention_output
-            else f"gates the {gate_variant.gates}s before they enter the KV cache, so dropping a head skips "
-            "no attention"
+            f"gates the {gate_variant.gates}s before they enter the KV cache, so dropping a head skips no "
+            "attention"
+            if gate_variant.gates_kv_heads
+            else "masks the heads top-k drops"
         )
         serves = ", ".join(names_where(lambda v: v.top_k_skips))
         return f"variant {variant!r} {why}; sparse execution serves {serves}"

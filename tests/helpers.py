@@ -14,7 +14,9 @@ import transformers
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-VARIANTS = ("output", "value", "qk")
+from hf_gate_attention.core.variants import GATE_VARIANTS
+
+VARIANTS = tuple(GATE_VARIANTS)  # every declared variant: the tests that run over them cover a new one
 GRANULARITIES = ("headwise", "elementwise")
 
 _TEXT = {"vocab_size": 99, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}

@@ -18,6 +18,7 @@ import torch
 from . import sparse as sparse_module
 from . import streaming
 from .config import GateConfig
+from .variants import names_where
 
 AUTO = "auto"
 
@@ -130,7 +131,8 @@ def _torch_attention(config: GateConfig, model_config, sparse: bool | None, weig
 register_backend(
     GateBackend(
         name="torch",
-        summary="the readable reference: plain torch ops (sparse top-k skips work on variants output/qk)",
+        summary="the readable reference: plain torch ops (sparse top-k skips work on variants "
+        f"{'/'.join(names_where(lambda v: v.top_k_skips))})",
         unavailable_reason=lambda config, model_config, head_dim, weight: None,
         attention=_torch_attention,
     )

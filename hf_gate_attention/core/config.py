@@ -7,7 +7,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-VARIANTS = ("output", "value", "qk")
+from .variants import GATE_VARIANTS, GateVariant, names_where
+
 GRANULARITIES = ("headwise", "elementwise")
 INITS = ("identity", "paper")
 TOP_K_UNITS = ("head", "kv_group")
@@ -15,7 +16,7 @@ TOP_K_UNITS = ("head", "kv_group")
 LEGACY_FIELDS = ("backend",)
 
 
-def _check_choice(name: str, value, accepted: tuple[str, ...]) -> None:
+def _check_choice(name: str, value, accepted) -> None:
     if value not in accepted:
         raise ValueError(f"GateConfig.{name}={value!r} is not valid; accepted values: {', '.join(accepted)}")
 
@@ -26,10 +27,10 @@ class GateConfig:
 
     Args:
         variant (`str`, *optional*, defaults to `"output"`):
-            Where the gate acts. `"output"` (paper G1): `O' = O * g(X)` on the attention output before the
-            output projection. `"value"` (paper G2): `V' = V * g(X)` on the value projection's output.
-            `"qk"` (the source article): `g = sigmoid(W_g [q_i; k_i] + b_g)` from query and key of position i,
-            scaling row i of the attention weights (equivalently output row i).
+            Where the gate acts, a name of `core/variants.py`. `"output"` (paper G1): `O' = O * g(X)` on the
+            attention output before the output projection. `"value"` (paper G2): `V' = V * g(X)` on the value
+            projection's output. `"qk"` (the source article): `g = sigmoid(W_g [q_i; k_i] + b_g)` from query
+            and key of position i, scaling row i of the attention weights (equivalently output row i).
         granularity (`str`, *optional*, defaults to `"headwise"`):
             `"headwise"`: one gate value per head; `"elementwise"`: one per channel of each head.
         init (`str`, *optional*, defaults to `"identity"`):
@@ -43,8 +44,8 @@ class GateConfig:
             What a unit that top-k drops for a query still reads. Both 0: nothing, its output is 0.
             Otherwise it attends to the first `top_k_sink` and the last `top_k_window` of the keys that query
             may see (attention sinks and a recent window, as DuoAttention's streaming heads) and is gated like
-            a kept unit; its keys and values outside those positions are never read. Needs `top_k`; variants
-            `output` and `qk`.
+            a kept unit; its keys and values outside those positions are never read. Needs `top_k` and a
+            variant whose `dropped_read_keys` is set (`output`, `qk`).
         top_k_unit (`str`, *optional*, defaults to `"head"`):
             What `top_k` selects. `"head"`: query heads (key/value heads for the `value` gate). `"kv_group"`:
             key/value groups of grouped-query attention, scored by the mean gate of their query heads and kept
@@ -58,8 +59,9 @@ class GateConfig:
     variant: str = field(
         default="output",
         metadata={
-            "help": "where the gate acts: output (paper G1), value (G2), qk (the article)",
-            "choices": VARIANTS,
+            "help": "where the gate acts: "
+            + ", ".join(f"{v.name} ({v.origin})" for v in GATE_VARIANTS.values()),
+            "choices": GATE_VARIANTS.keys(),  # a live view: every variant declared in variants.py
         },
     )
     granularity: str = field(
@@ -104,10 +106,11 @@ class GateConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"GateConfig.{name}={value!r} is not valid; accepted values: an int >= 0")
-        if self.dropped_reads_keys and (self.top_k is None or self.variant not in ("output", "qk")):
+        if self.dropped_reads_keys and (self.top_k is None or not self.gate_variant.dropped_read_keys):
+            variants = " or ".join(repr(name) for name in names_where(lambda v: v.dropped_read_keys))
             raise ValueError(
                 f"GateConfig.top_k_sink/top_k_window={self.top_k_sink}/{self.top_k_window} need top_k and "
-                f"variant 'output' or 'qk' (got top_k={self.top_k!r}, variant={self.variant!r}); "
+                f"variant {variants} (got top_k={self.top_k!r}, variant={self.variant!r}); "
                 "otherwise set both to 0"
             )
         if self.layers is not None:
@@ -118,6 +121,11 @@ class GateConfig:
                     "list of layer indices >= 0"
                 )
             object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    @property
+    def gate_variant(self) -> GateVariant:
+        """What `variant` names: what the gate multiplies, what it reads, what serves it."""
+        return GATE_VARIANTS[self.variant]
 
     @property
     def dropped_reads_keys(self) -> bool:

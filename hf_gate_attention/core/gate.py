@@ -1,16 +1,6 @@
 """The gate module added to each patched attention block, and how its values are applied.
 
-Formulas (per token; `G` gated heads, `D` head_dim, `s` = 2 for `init="identity"`, 1 for `init="paper"`):
-
-- `output` (paper G1): `g = s * sigmoid(X W + b)`, `W: (hidden, G*w)`, `O'[h] = O[h] * g[h]`, applied to the
-  attention output `O` before the output projection. `G` = query heads.
-- `value` (paper G2): the same formula on the value projection's output; `G` = key/value heads (GQA).
-- `qk` (source article): `g[h] = s * sigmoid(W[h] [q_h; k_h] + b[h])` from the query and key of the same
-  position (head `h` reads key head `h // (H / KV)`), `W: (H, w, 2D)`. Multiplying row `i` of
-  `softmax(Q K^T / sqrt(D))`
-  by `g_i` equals multiplying output row `i` by `g_i`, so the gate is applied to the attention output like
-  `output`, never materialising the L x L matrix. `q`/`k` are the projections' outputs, before rotary
-  embeddings or q/k norms (the article has neither).
+The formulas of the variants are in `variants.py`; this module holds what they share.
 
 `w` is 1 (headwise) or `D` (elementwise). The sigmoid is computed in float32 whatever the model dtype.
 With `top_k`, per token only the `top_k` heads with the largest (mean) gate value are kept; the rest are 0.
@@ -50,12 +40,13 @@ class AttentionGate(nn.Module):
     ):
         super().__init__()
         self.variant = config.variant
+        self.gate_variant = config.gate_variant
         self.top_k = config.top_k
         self.top_k_unit = config.top_k_unit
         self.top_k_sink, self.top_k_window = config.top_k_sink, config.top_k_window
         self.scale = config.gate_scale
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.num_gated_heads = num_kv_heads if config.variant == "value" else num_heads
+        self.num_gated_heads = num_kv_heads if self.gate_variant.gates_kv_heads else num_heads
         self.width = 1 if config.granularity == "headwise" else head_dim
         # top-k selects among `num_units` units of `heads_per_unit` consecutive gated heads
         self.heads_per_unit = 1
@@ -65,12 +56,7 @@ class AttentionGate(nn.Module):
         if self.top_k is not None and self.top_k > num_units:
             unit = "key/value groups" if config.top_k_unit == "kv_group" else "gated heads"
             raise ValueError(f"GateConfig.top_k={self.top_k} exceeds the {num_units} {unit} of this model")
-        if config.variant == "qk":
-            weight_shape = (num_heads, self.width, 2 * head_dim)
-            bias_shape = (num_heads, self.width)
-        else:
-            weight_shape = (self.num_gated_heads * self.width, hidden_size)
-            bias_shape = (self.num_gated_heads * self.width,)
+        weight_shape, bias_shape = self.gate_variant.parameter_shapes(self, hidden_size)
         self.weight = nn.Parameter(torch.zeros(weight_shape, dtype=dtype, device=device))
         self.bias = nn.Parameter(torch.zeros(bias_shape, dtype=dtype, device=device))
         if config.init == "paper":
@@ -94,14 +80,7 @@ class AttentionGate(nn.Module):
         projection), passed through so that the gate is still called, and hooked, as a module."""
         if logits is not None:
             return logits
-        if self.variant != "qk":
-            z = nn.functional.linear(x, self.weight, self.bias)  # (..., G*w)
-            return z.unflatten(-1, (self.num_gated_heads, self.width))
-        q = q.unflatten(-1, (self.num_heads, self.head_dim))  # (..., H, D)
-        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))  # (..., KV, D)
-        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=-2)  # (..., H, D)
-        qk = torch.cat([q, k], dim=-1).to(self.weight.dtype)  # (..., H, 2D)
-        return torch.einsum("...hc,hwc->...hw", qk, self.weight) + self.bias
+        return self.gate_variant.logits(self, x, q, k)
 
     def forward(
         self,

@@ -1,14 +1,14 @@
 """The gate runtime: instance hooks that add a gate to each self-attention block of a model.
 
 Each patched block gets a submodule `attn_gate` (state_dict keys `...<block>.attn_gate.weight/bias`) and
-forward hooks on its own projection modules: the query projection's hook keeps `X` (its input) or `q`, the key
-projection's keeps `k`, the value projection's gates `V` (variant `value`), and a pre-hook on the output
-projection multiplies its input, the attention output, by the gate. No class is modified; the hooks follow the
-modules currently at the family's paths, so wrapping projections later (PEFT LoRA) keeps the gate in front of
-the whole wrapped layer.
+forward hooks on its own projection modules: those the variant's gate reads from keep their input `X` or
+their output (`q`, `k`; `GateVariant.inputs`), the projection whose output the variant gates multiplies it by
+the gate (`V`, variant `value`), or a pre-hook on the output projection multiplies its input, the attention
+output (variants `output`, `qk`). No class is modified; the hooks follow the modules currently at the
+family's paths, so wrapping projections later (PEFT LoRA) keeps the gate in front of the whole wrapped layer.
 
-This module needs only torch: with `config.py`, `families.py` and `gate.py` it is also copied into saved
-checkpoints as the code that `trust_remote_code=True` runs (see `sharing/saving.py`).
+This module needs only torch: with `config.py`, `variants.py`, `families.py` and `gate.py` it is also copied
+into saved checkpoints as the code that `trust_remote_code=True` runs (see `sharing/saving.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .gate import AttentionGate, apply_gate
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
 PATCHES_ATTRIBUTE = "_gate_attention_patches"
+QKV_ROLES = ("query", "key", "value")  # also the layout of a fused qkv projection's output
 
 # any module inside a block whose gate is applied by the attention function (the fused Triton attention, or
 # the sparse top-k attention) -> its block patch. The attention function gets the module that calls it: the
@@ -60,7 +61,8 @@ class _BlockPatch:
     ):
         self.block = block
         self.family = family
-        self.variant = config.variant
+        self.gate_variant = config.gate_variant
+        self.input_names = tuple(name for name, _ in self.gate_variant.inputs)
         self.scale = config.gate_scale
         self.gate_multiply = gate_multiply  # the backend's fused gate pass, or None (torch's `apply_gate`)
         self.gate_in_attention = gate_in_attention
@@ -79,9 +81,9 @@ class _BlockPatch:
     def _roles(self) -> dict[str, frozenset[str]]:
         """Projection path -> the roles it plays (a fused qkv projection plays three)."""
         roles: dict[str, set[str]] = {}
-        for role in ("query", "key", "value"):
+        for role in QKV_ROLES:
             roles.setdefault(getattr(self.family, role), set()).add(role)
-        if self.variant != "value":
+        if self.gate_variant.gates_attention_output:
             roles.setdefault(self.family.output, set()).add("output")
         return {path: frozenset(names) for path, names in roles.items()}
 
@@ -125,53 +127,51 @@ class _BlockPatch:
         return self.block._modules[GATE_MODULE_NAME]
 
     def _projection_hook(self, roles: frozenset[str]):
-        """The forward hook of a projection with these roles, or `None` if it has nothing to do."""
+        """The forward hook of a projection with these roles, or `None` if it has nothing to do: it keeps
+        the gate inputs read from it (`x`: its input; else its output's part of that role) and gates the part
+        of its output that the variant gates (`GateVariant.gates`, e.g. the values)."""
         stash = self.stash
-        if self.variant == "output" and "query" in roles:
+        reads = tuple((name, role) for name, role in self.gate_variant.inputs if role in roles)
+        gates = self.gate_variant.gates  # the attention output is gated by the output projection's pre-hook
+        gated = gates if not self.gate_variant.gates_attention_output and gates in roles else None
+        if not reads and gated is None:
+            return None
+        if gated is None and all(name == "x" for name, _ in reads):
 
             def keep_input(module, args, output):
                 stash["x"] = args[0]
 
             return keep_input
-        if self.variant == "qk" and roles & {"query", "key"}:
 
-            def keep_query_key(module, args, output):
-                parts = self._split(output)
-                if "query" in roles:
-                    stash["q"] = parts["query"]
-                if "key" in roles:
-                    stash["k"] = parts["key"]
+        def keep_inputs_and_gate(module, args, output):
+            parts = self._split(output)
+            for name, role in reads:
+                stash[name] = args[0] if name == "x" else parts[role]
+            if gated is None:
+                return None
+            gated_part = self._apply(parts[gated], self._take_inputs())
+            if not self.family.fused_qkv:
+                return gated_part
+            return torch.cat([gated_part if role == gated else parts[role] for role in QKV_ROLES], dim=-1)
 
-            return keep_query_key
-        if self.variant == "value" and "value" in roles:
-
-            def gate_values(module, args, output):
-                parts = self._split(output)
-                gated = self._apply(parts["value"], {"x": args[0]})
-                if not self.family.fused_qkv:
-                    return gated
-                return torch.cat([parts["query"], parts["key"], gated], dim=-1)
-
-            return gate_values
-        return None
+        return keep_inputs_and_gate
 
     def _split(self, output: torch.Tensor) -> dict[str, torch.Tensor]:
         """A projection's output by role (fused qkv: `(..., q_size + 2 * kv_size)` laid out `[q, k, v]`)."""
         if not self.family.fused_qkv:
             return {"query": output, "key": output, "value": output}
         split = output.split([self.q_size, self.kv_size, self.kv_size], -1)
-        return dict(zip(("query", "key", "value"), split, strict=True))
+        return dict(zip(QKV_ROLES, split, strict=True))
 
     def _take_inputs(self) -> dict[str, torch.Tensor]:
-        """The stashed gate inputs of this forward: `x` (output gate) or `q` and `k` (qk gate); or the gate
-        `logits`, when the query projection computed them in its own GEMM (backend `fused_gate`)."""
+        """The stashed gate inputs of this forward (`GateVariant.inputs`); or the gate `logits`, when the
+        query projection computed them in its own GEMM (backend `fused_gate`)."""
         logits = self.stash.pop("logits", None)
         if logits is not None:
             self.stash.pop("x", None)
             return {"logits": logits}
-        names = ("x",) if self.variant == "output" else ("q", "k")
         try:
-            return {name: self.stash.pop(name) for name in names}
+            return {name: self.stash.pop(name) for name in self.input_names}
         except KeyError as missing:
             raise RuntimeError(
                 f"gated attention: the output projection ran before the {missing} projection of this block; "

@@ -2,16 +2,17 @@
 
 The gate depends only on the block's input (or on its query and key projections), so it is known before
 attention. The masked reference (`gate.py`) computes every head and multiplies the dropped ones by 0. A model
-patched with `top_k` (variants `output` and `qk`, backend `torch`) instead switches, on that instance only, to
-the attention implementation `hf_gate_attention_sparse`: transformers' SDPA attention, called per sequence
-and key/value group, only for the query rows that keep at least one head of the group, then the gate.
+patched with `top_k` (variants with `top_k_skips`: `output`, `qk`; backend `torch`) instead switches, on
+that instance only, to the attention implementation `hf_gate_attention_sparse`: transformers' SDPA attention,
+called per sequence and key/value group, only for the query rows that keep at least one head of the group,
+then the gate.
 
 - Decode (one query per sequence): each sequence of the batch reads only the KV cache of the groups it keeps;
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache.
 - Prefill and training: the kept query rows of each group are gathered, with their rows of the causal,
   padding or sliding-window mask; gradients flow through the gather like through the masked reference.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
-  heads (variant `output`, whose gate is computed from the projection's input first) and the output
+  heads (variant `output`: its gate, computed from the projection's input, comes first) and the output
   projection only their columns (`prepare_block`; plain `nn.Linear` projections only).
 
 Not skipped: the key/value projections (keys and values are written for every group), the query and output
@@ -29,9 +30,9 @@ from torch.nn import functional as F
 from .gate import apply_gate
 from .hooks import BLOCK_PATCHES, GATE_MODULE_NAME
 from .streaming import allowed_keys, is_causal, streaming_keys
+from .variants import GATE_VARIANTS, names_where
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
-SPARSE_VARIANTS = ("output", "qk")
 # attention options SDPA (and so this path) does not have
 UNSUPPORTED_OPTIONS = ("attn_logit_softcapping",)
 # marks the `forward` this module sets on a projection instance (`prepare_block`)
@@ -42,11 +43,16 @@ def sparse_unavailable_reason(variant: str, top_k: int | None, model_config) -> 
     """Why sparse top-k cannot serve this patch, or `None` if it can."""
     if top_k is None:
         return "sparse execution needs GateConfig.top_k (there is nothing to skip without it)"
-    if variant not in SPARSE_VARIANTS:
-        return (
-            f"variant {variant!r} gates the values before they enter the KV cache, so dropping a head skips "
-            f"no attention; sparse execution serves {', '.join(SPARSE_VARIANTS)}"
+    gate_variant = GATE_VARIANTS[variant]
+    if not gate_variant.top_k_skips:
+        why = (
+            f"gates the {gate_variant.gates}s before they enter the KV cache, so dropping a head skips no "
+            "attention"
+            if gate_variant.gates_kv_heads
+            else "masks the heads top-k drops"
         )
+        serves = ", ".join(names_where(lambda v: v.top_k_skips))
+        return f"variant {variant!r} {why}; sparse execution serves {serves}"
     for option in UNSUPPORTED_OPTIONS:
         if getattr(model_config, option, None):
             return f"sparse attention runs on SDPA, which has no {option} (set in this model's config)"
@@ -269,13 +275,13 @@ def _replaceable(module: nn.Module) -> bool:
 
 
 def prepare_block(block_patch) -> None:
-    """Give the block's query (variant `output`, separate projection) and output projections the partial
-    single-token `forward`s above, on these instances only (`release_block` removes them)."""
+    """Give the block's query (a gate reading only its input, separate projection) and output projections the
+    partial single-token `forward`s above, on these instances only (`release_block` removes them)."""
     block, family = block_patch.block, block_patch.family
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
     replacements = {family.output: lambda module: _partial_output(module, block_patch, head_dim)}
-    if block_patch.variant == "output" and not family.fused_qkv and not gate.dropped_reads_keys:
+    if block_patch.gate_variant.reads_query_input and not family.fused_qkv and not gate.dropped_reads_keys:
         replacements[family.query] = lambda module: _partial_query(module, block_patch, num_heads, head_dim)
     for path, make in replacements.items():
         module = block.get_submodule(path)

@@ -217,13 +217,10 @@ class _GateProbe:
         self.inputs: dict[str, torch.Tensor] = {}
 
     def attach(self) -> list:
-        family, variant = self.block_patch.family, self.block_patch.variant
-        if variant == "qk":  # projection path -> the (role, gate input) pairs it yields
-            paths: dict[str, list] = {}
-            for role, name in (("query", "q"), ("key", "k")):
-                paths.setdefault(getattr(family, role), []).append((role, name))
-        else:
-            paths = {family.value if variant == "value" else family.query: []}
+        family = self.block_patch.family
+        paths: dict[str, list] = {}  # projection path -> the (gate input, role) pairs it yields
+        for name, role in self.gate.gate_variant.inputs:
+            paths.setdefault(getattr(family, role), []).append((name, role))
         block = self.block_patch.block
         return [
             block.get_submodule(path).register_forward_hook(self._hook(wanted))
@@ -232,12 +229,9 @@ class _GateProbe:
 
     def _hook(self, wanted: list):
         def hook(module, args, output):
-            if not wanted:
-                self.inputs["x"] = args[0]
-            else:
-                parts = self.block_patch._split(output)
-                self.inputs.update({name: parts[role] for role, name in wanted})
-            if len(self.inputs) == (2 if self.gate.variant == "qk" else 1):
+            parts = self.block_patch._split(output)
+            self.inputs.update({name: args[0] if name == "x" else parts[role] for name, role in wanted})
+            if len(self.inputs) == len(self.gate.gate_variant.inputs):
                 gate = self.gate._sigmoid(self.gate.logits(**self.inputs))  # (1, L, G, w)
                 keep = self.gate.selection(gate) if self.gate.top_k is not None else None
                 self.recorder.gate(self.layer, gate, keep, self.gate.scale)

@@ -66,7 +66,7 @@ def _attention_unavailable(config: GateConfig, model_config, head_dim: int, weig
         check_supported(head_dim, weight.dtype)
     except ValueError as error:
         return str(error)
-    if config.variant != "value":
+    if config.gate_variant.gates_attention_output:
         for option in UNSUPPORTED_ATTENTION_OPTIONS:
             if getattr(model_config, option, None):
                 return f"the fused attention kernel does not support {option} (set in this model's config)"
@@ -219,12 +219,13 @@ def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None, w
 def _fused_attention(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
     if sparse is False and config.top_k is not None:
         raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
-    return None if config.variant == "value" else sys.modules[__name__]  # this module's attention function
+    # this module's attention function applies a gate on the attention output; the hooks apply the others
+    return sys.modules[__name__] if config.gate_variant.gates_attention_output else None
 
 
 def _merge(block_patch, family) -> None:
     """The output gate's logits from the query GEMM, where the layout allows it (`query_gate.py`)."""
-    if block_patch.variant != "output" or family.fused_qkv:
+    if not block_patch.gate_variant.reads_query_input or family.fused_qkv:
         return
     query = block_patch.block.get_submodule(family.query)
     base = query.get_base_layer() if hasattr(query, "get_base_layer") else query

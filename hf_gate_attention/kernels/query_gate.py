@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..core.variants import linear_logits
 from .ops import fused_pays
 
 # marks the `forward` set on a query projection instance (removed by `restore_query_projection`)
@@ -43,9 +44,11 @@ def _view_of(param: torch.Tensor, buffer: torch.Tensor, start: int) -> bool:
 
 def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> None:
     """Merge `query`'s and the `output` gate's weights into one buffer and give `query` the one-GEMM
-    `forward` (this instance only). Changes nothing if `query` is not a plain `nn.Linear` or the gate reads
-    something other than the query projection's input."""
-    if type(query) is not nn.Linear or "forward" in query.__dict__ or gate.variant != "output" or gate.top_k:
+    `forward` (this instance only). Changes nothing if `query` is not a plain `nn.Linear` or the gate is not
+    a linear map of the query projection's input."""
+    variant = gate.gate_variant
+    linear_of_query_input = variant.reads_query_input and variant.logits is linear_logits
+    if type(query) is not nn.Linear or "forward" in query.__dict__ or not linear_of_query_input or gate.top_k:
         return
     n_q = query.out_features
     with torch.no_grad():

@@ -316,7 +316,7 @@ def render_adapter_card(folder, repo_id: str) -> str:
     """The README.md of an adapter repo: the base it needs, the gate, the LoRA if any, how to load it."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from .card.sections import GRANULARITIES, VARIANTS
+    from .card.sections import gate_summary
 
     info = adapter_info(folder)
     base, gate = info["base_model_name_or_path"], GateConfig.from_dict(info["gate_config"])
@@ -343,7 +343,7 @@ def render_adapter_card(folder, repo_id: str) -> str:
 A **gate-only adapter** made with hf-gate-attention for the base model `{base}`{revision}
 (`{info["base_model_class"]}`); it holds no base weights, only:
 
-- gated attention: {VARIANTS[gate.variant]}, {GRANULARITIES[gate.granularity]}; {info["gate_parameters"]:,}
+- gated attention: {gate_summary(gate)}; {info["gate_parameters"]:,}
   gate parameters in `{GATE_WEIGHTS_NAME}`, the gate config and the base it needs in `{GATE_CONFIG_NAME}`
 {lora_line}
 ## Usage

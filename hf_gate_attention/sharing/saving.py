@@ -1,10 +1,10 @@
 """`save_pretrained` for patched models: the usual folder plus the code that loads it without this package.
 
 The folder gets `modeling_gated_attention.py` and copies of the torch-only gate runtime (`core/config.py`,
-`core/families.py`, `core/gate.py`, `core/hooks.py`, `core/streaming.py`, renamed `gated_attention_*.py`);
-`config.json` gets an
-`auto_map`, so `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of
-the task head) builds transformers' own model class and adds the same gates with the same hooks.
+`core/variants.py`, `core/families.py`, `core/gate.py`, `core/hooks.py`, `core/streaming.py`, renamed
+`gated_attention_*.py`); `config.json` gets an `auto_map`, so
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)` (or the Auto class of the task head)
+builds transformers' own model class and adds the same gates with the same hooks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..version import __version__
 logger = logging.getLogger(__name__)
 
 ENTRY_MODULE = "modeling_gated_attention"
-RUNTIME_MODULES = ("config", "families", "gate", "hooks", "streaming")  # copied verbatim, imports renamed
+# copied verbatim, imports renamed
+RUNTIME_MODULES = ("config", "variants", "families", "gate", "hooks", "streaming")
 RUNTIME_PREFIX = "gated_attention_"
 _CORE_DIR = Path(__file__).parents[1] / "core"
 

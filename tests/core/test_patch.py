@@ -28,21 +28,6 @@ def test_every_registered_family_has_a_tiny_model():
     assert set(supported_model_types()) == set(TINY_MODELS)
 
 
-def _expected_gate_params(model, config: GateConfig) -> int:
-    """Parameter count from the formulas in hf_gate_attention.core.gate (weights + biases per layer)."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    width = 1 if config.granularity == "headwise" else head_dim
-    if config.variant == "qk":
-        per_layer = heads * width * (2 * head_dim + 1)
-    else:
-        gated = kv_heads if config.variant == "value" else heads
-        per_layer = gated * width * (cfg.hidden_size + 1)
-    return per_layer * cfg.num_hidden_layers
-
-
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -56,7 +41,6 @@ def test_identity_init_is_exact_and_unpatch_restores(model_type, variant, granul
         config = GateConfig(variant=variant, granularity=granularity)
         patch(model, config)
         assert is_patched(model) and gate_config_of(model) == config
-        assert sum(p.numel() for p in gate_parameters(model)) == _expected_gate_params(model, config)
         assert (first_output(model(**inputs)) - reference).abs().max().item() <= 1e-6
 
         unpatch(model)

@@ -1,4 +1,5 @@
-"""Patched attention blocks against an independent eager reference of each gate formula.
+"""Patched attention blocks against an independent eager reference of each gate formula, and the gates'
+parameter counts against the formulas of the README: what a new variant adds to the tests.
 
 The reference re-implements attention from the block's weights (plain matmuls, explicit per-head loops for the
 `qk` gate) and, for the headwise `qk` gate, materialises the gated weight matrix the way the source article's
@@ -12,11 +13,35 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import GRANULARITIES, VARIANTS, first_output, tiny_inputs, tiny_model
+from helpers import GRANULARITIES, TINY_MODELS, VARIANTS, first_output, tiny_inputs, tiny_model
 
-from hf_gate_attention import patch
+from hf_gate_attention import GateConfig, gate_parameters, patch
 from hf_gate_attention.core.families import family_for
 from hf_gate_attention.core.hooks import find_attention_blocks
+
+
+def expected_gate_params(model, config: GateConfig) -> int:
+    """Parameter count from the formulas in the README (weights + biases per layer)."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    width = 1 if config.granularity == "headwise" else head_dim
+    if config.variant == "qk":
+        per_layer = heads * width * (2 * head_dim + 1)
+    else:
+        gated = kv_heads if config.variant == "value" else heads
+        per_layer = gated * width * (cfg.hidden_size + 1)
+    return per_layer * cfg.num_hidden_layers
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("model_type", sorted(TINY_MODELS))
+def test_parameter_count_matches_the_formulas(model_type, variant, granularity):
+    config = GateConfig(variant=variant, granularity=granularity)
+    model = patch(tiny_model(model_type), config)
+    assert sum(p.numel() for p in gate_parameters(model)) == expected_gate_params(model, config)
 
 
 def _rotate_half(x):

@@ -23,11 +23,10 @@ from ...files import atomic_write_text
 from .inputs import read_checkpoint, read_results
 from .metadata import base_model_id, card_metadata, is_hub_id, license_of
 from .sections import (
-    GRANULARITIES,
     NO_RESULTS,
-    VARIANTS,
     evaluation_section,
     gate_section,
+    gate_summary,
     limitations,
     shown,
     training_section,
@@ -84,8 +83,7 @@ def render_model_card(
     gate = ckpt["gate"]
     what = f"`{base_model}`" if base_model else f"A `{ckpt['config'].get('model_type')}` model"
     summary = (
-        f"{what} with **gated attention** added by [hf-gate-attention]({PACKAGE_URL}): "
-        f"{VARIANTS[gate.variant]}, {GRANULARITIES[gate.granularity]}."
+        f"{what} with **gated attention** added by [hf-gate-attention]({PACKAGE_URL}): {gate_summary(gate)}."
     )
     if res is not None:
         summary += (

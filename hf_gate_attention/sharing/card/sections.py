@@ -8,19 +8,17 @@ import transformers
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict, round_speedups, speed_verdict
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
-from ...core.sparse import SPARSE_VARIANTS
 from ...formatting import ROUGE_LABELS, score_with_ci, signed, signed_percent, table
 from ...known_models import OFFLINE_MODEL_NAMES
 from .metadata import architecture_suffix
 
 NO_RESULTS = "No evaluation results were recorded for this checkpoint."
-VARIANTS = {
-    "output": "a sigmoid gate on each attention head's output, before the output projection (the paper's G1)",
-    "value": "a sigmoid gate on the value projection's output, per key/value head (the paper's G2)",
-    "qk": "a sigmoid gate computed from each head's query and key, scaling that head's attention weights "
-    "row by row (the query/key gate of a popular write-up of the paper)",
-}
 GRANULARITIES = {"headwise": "one gate value per head", "elementwise": "one gate value per head channel"}
+
+
+def gate_summary(gate) -> str:
+    """What a `GateConfig` adds, in words: its variant's description and its granularity."""
+    return f"{gate.gate_variant.description}, {GRANULARITIES[gate.granularity]}"
 
 
 def _count(n: int) -> str:
@@ -48,7 +46,7 @@ def gate_section(ckpt: dict) -> str:
         "paper": "`paper`: gate = sigmoid(z) with normal-initialised weights, about 0.5 at the start",
     }[gate.init]
     rows = [
-        ["variant", f"`{gate.variant}`: {VARIANTS[gate.variant]}"],
+        ["variant", f"`{gate.variant}`: {gate.gate_variant.description}"],
         ["granularity", f"`{gate.granularity}`: {GRANULARITIES[gate.granularity]}"],
         ["init", init],
         [
@@ -306,7 +304,7 @@ def limitations(ckpt: dict, res: dict | None) -> str:
             f"With hf-gate-attention installed, the attention of the dropped {units} is skipped (the "
             "projections still run for every head); with transformers alone (`trust_remote_code=True`) it "
             "is computed and masked: same outputs, no saving."
-            if gate.variant in SPARSE_VARIANTS
+            if gate.gate_variant.top_k_skips
             else "The value gate's selection is a mask: it saves no compute."
         )
         items.append(

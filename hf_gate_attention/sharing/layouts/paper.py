@@ -19,6 +19,7 @@ from ...core.config import GateConfig
 from ...core.families import DECODER
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, find_attention_blocks, unwrap_model
 from ...core.patching import gate_config_of, is_patched, patch
+from ...core.variants import names_where
 from ...files import atomic_write_json, staged_folder
 from ..tensors import checkpoint_tensors
 from .packing import head_geometry, pack_q_proj, split_q_proj
@@ -32,7 +33,13 @@ QWEN3_ONLY_KEYS = ("use_sliding_window", "sliding_window", "max_window_layers", 
 PAPER_MODEL_TYPES = {"qwen3": True, "llama": False}
 PAPER_ARCHITECTURE = "Qwen3ForCausalLM"
 HUB_KWARGS = ("revision", "token", "cache_dir", "subfolder", "local_files_only", "force_download")
+(PAPER_VARIANT,) = names_where(lambda variant: "paper" in variant.layouts)  # the gate the layout holds
 _QUERY, _OUTPUT = DECODER.query, DECODER.output  # "q_proj", "o_proj" in llama and qwen3
+
+
+def paper_gate(granularity: str) -> GateConfig:
+    """The gate of a checkpoint in the paper's layout: `sigmoid(z)` on the attention output."""
+    return GateConfig(variant=PAPER_VARIANT, granularity=granularity, init="paper")
 
 
 def is_paper_config(config: dict) -> bool:
@@ -192,7 +199,7 @@ def paper_checkpoint_contents(folder: str) -> dict:
     stored = [t for k, t in gates.items() if k.endswith(".weight") or config.get("qkv_bias")]
     return {
         "config": config,
-        "gate": GateConfig(variant="output", granularity=granularity, init="paper"),
+        "gate": paper_gate(granularity),
         "total_params": parameter_count(Path(folder)),
         "added_params": sum(tensor.numel() for tensor in stored),
         "gated_layers": len(gates) // 2,
@@ -267,7 +274,7 @@ def load_paper_checkpoint(
         options["attn_implementation"] = attn_implementation
     model_class = model_class or transformers.AutoModelForCausalLM
     model = model_class.from_config(config_from_paper(config_dict), **options)
-    patch(model, GateConfig(variant="output", granularity=granularity, init="paper"), backend=backend)
+    patch(model, paper_gate(granularity), backend=backend)
     _load_strict(model, state, path)
     return model.eval()
 
@@ -280,8 +287,8 @@ def _paper_export_problems(model: nn.Module, gate: GateConfig) -> list[str]:
         problems.append(f"model_type {config.model_type!r} (accepted: {', '.join(PAPER_MODEL_TYPES)})")
     elif type(model).__name__ != f"{'Qwen3' if config.model_type == 'qwen3' else 'Llama'}ForCausalLM":
         problems.append(f"class {type(model).__name__} (the paper's checkpoints are causal LMs)")
-    if gate.variant != "output":
-        problems.append(f"variant={gate.variant!r} (the paper's gate is 'output')")
+    if "paper" not in gate.gate_variant.layouts:
+        problems.append(f"variant={gate.variant!r} (the paper's gate is {PAPER_VARIANT!r})")
     if gate.init != "paper":
         problems.append(
             f"init={gate.init!r}: its gate is 2*sigmoid(z), and no sigmoid(z') equals it everywhere (the "

@@ -4,6 +4,7 @@ of a report writer, or of a results folder, that the committed report does not f
 import pytest
 from helpers import REPO
 
+from hf_gate_attention.cli import main
 from hf_gate_attention.recipes.distillation.report import distillation_report
 from hf_gate_attention.recipes.summarization.reproduction import reproduction_report
 
@@ -31,3 +32,18 @@ def test_committed_report_is_what_its_command_writes(module, build, results, rep
     monkeypatch.chdir(ROOT)
     command = f"python -m {module} {results} --out {report}"
     assert build(results, command) == (ROOT / report).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "action, build, results",
+    [
+        (["summarization", "reproduction"], reproduction_report, "results/reproduce"),
+        (["distillation", "report"], distillation_report, "results/distill"),
+    ],
+)
+def test_the_recipe_command_writes_the_report_naming_itself(action, build, results, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "REPORT.md"
+    assert main(["recipe", *action, results, "--out", str(out)]) == 0
+    command = f"hf-gate-attention recipe {' '.join(action)} {results} --out {out}"
+    assert out.read_text(encoding="utf-8") == build(results, command)

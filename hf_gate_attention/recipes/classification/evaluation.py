@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...memory import peak_growth_mib
-from ..summarization.evaluation import interleaved_rounds
+from ..common.inference import interleaved_rounds
 from .metrics import METRICS, bootstrap_metric, paired_bootstrap_metric_delta
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..summarization.rouge import bootstrap_samples, percentile_interval
+from ..common.statistics import bootstrap_samples, percentile_interval
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 

@@ -28,23 +28,13 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from ...core.patching import gate_config_of
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.compare import (
-    claim_on_main,
-    evaluate_all,
-    leave_after_training,
-    load_data,
-    measure_speed,
-    train_all,
-)
-from ..summarization.evaluation import inference_device, inference_dtype
-from ..summarization.files import check_run_dir
-from ..summarization.plots import plot_loss_curves, plot_rouge, plot_speed
-from ..summarization.report import csv_table, markdown_table, rouge_deltas, speed_ratios
-from ..summarization.train import (
-    TRAIN_SUMMARY_FILE,
-    count_parameters,
-    load_tokenizer,
-)
+from ..common.distributed import leave_after_training
+from ..common.inference import inference_device, inference_dtype
+from ..common.plots import plot_loss_curves, plot_speed
+from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.summaries.pipeline import evaluate_all, load_data, measure_speed, train_all
+from ..common.summaries.report import csv_table, markdown_table, plot_rouge, rouge_deltas, speed_ratios
+from ..common.training import TRAIN_SUMMARY_FILE, count_parameters, load_tokenizer
 from .config import TEACHER_ROW, DistillationConfig
 from .models import build_student, gated_pairs, load_teacher, student_name, student_source
 from .train import train_student

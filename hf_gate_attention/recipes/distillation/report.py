@@ -17,7 +17,8 @@ from pathlib import Path
 from ...claims import round_speedups
 from ...files import read_json
 from ...formatting import gate_label
-from ..summarization.report import report_main, rouge_deltas
+from ..common.reports import report_main
+from ..common.summaries.report import rouge_deltas
 from .compare import comparison_tables
 from .config import TEACHER_ROW
 
@@ -124,9 +125,13 @@ def distillation_report(results: str | Path, command: str) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return report_main(
-        argv, "hf_gate_attention.recipes.distillation.report", distillation_report, "results/DISTILLATION.md"
+        argv,
+        "hf_gate_attention.recipes.distillation.report",
+        distillation_report,
+        "results/DISTILLATION.md",
+        prog,
     )
 
 

@@ -414,8 +414,8 @@ def write_report(config: StudyConfig, out: Path | None = None, command: str = "m
     return config.run_dir / "STUDY.md"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write STUDY.md of a pretraining study folder.")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Write STUDY.md of a pretraining study folder.")
     parser.add_argument("study", help="the study folder (results/study)")
     parser.add_argument("--out", help="also write the Markdown here (image links adjusted)")
     parser.add_argument("--command", default="make study", help="the command named as the producer")

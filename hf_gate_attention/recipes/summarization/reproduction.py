@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
 from ...files import read_json
-from .report import markdown_table, report_main
+from ..common.reports import report_main
+from ..common.summaries.report import markdown_table
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"

@@ -1,5 +1,5 @@
 """Evaluation of trained classifiers: test predictions, accuracy and macro-F1 with bootstrap CIs and paired
-deltas vs the baseline, and inference throughput timed in interleaved rounds (the summarization recipe's
+deltas vs the baseline, and inference throughput timed in interleaved rounds (the recipes'
 `interleaved_rounds`).
 
 (Not named `evaluate.py`: that would shadow the `evaluate` package.)

@@ -1,5 +1,5 @@
 """One command for a distillation comparison: train every student on the same data, seed and budget with its
-distillation weights, evaluate them and the teacher with the summarization recipe's ROUGE, time them
+distillation weights, evaluate them and the teacher with the summaries' ROUGE (`common.summaries`), time them
 interleaved (the teacher as a reference row), and write the results folder.
 
 Layout of `<output_dir>/<name>/` (the summarization recipe's, plus the teacher's row):
@@ -92,8 +92,8 @@ def comparison_rows(
 
 
 def comparison_tables(rows: list[dict], confidence: float, reference: str) -> str:
-    """The summarization recipe's Markdown tables with the distillation weights and depth of each row,
-    ROUGE deltas vs `reference` (the student trained alone) and speed ratios vs the teacher."""
+    """The summaries' Markdown tables (`common.summaries.report`) with the distillation weights and depth
+    of each row, ROUGE deltas vs `reference` (the student trained alone) and speed ratios vs the teacher."""
     return markdown_table(
         rows, confidence, reference=reference, speed_reference=TEACHER_ROW, extra_columns=EXTRA_COLUMNS
     )

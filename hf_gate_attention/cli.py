@@ -187,15 +187,19 @@ def _card_options(args) -> dict:
 
 
 def cmd_card(args) -> None:
+    from . import _register_recipe_cards
     from .sharing.card import write_model_card
 
+    _register_recipe_cards()
     path = write_model_card(args.folder, repo_id=args.repo_id, **_card_options(args))
     print(f"Wrote {path}")
 
 
 def cmd_push(args) -> None:
+    from . import _register_recipe_cards
     from .sharing.hub import push_to_hub
 
+    _register_recipe_cards()
     info = push_to_hub(
         args.folder,
         args.repo_id,

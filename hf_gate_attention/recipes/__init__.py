@@ -31,3 +31,5 @@ if _missing:
         f"the hf-gate-attention recipes need the [recipes] extra; missing: {', '.join(_missing)}. "
         "Install it with: pip install 'hf-gate-attention[recipes]'"
     )
+
+from . import registry  # noqa: E402, F401 (registers the recipes' model card describers)

@@ -1,13 +1,18 @@
-"""Every recipe and its actions, in one place: what `hf-gate-attention recipe NAME [ACTION] ...` runs.
+"""Every recipe and its actions, in one place: what `hf-gate-attention recipe NAME [ACTION] ...` runs, and
+how a model card describes a recipe's results.
 
 A recipe's run and each action are named `module:function` and imported only when called; the function takes
-`(argv, prog=...)` (the run also `epilog=...`, appended to its `--help`) and returns the exit status.
+`(argv, prog=...)` (the run also `epilog=...`, appended to its `--help`) and returns the exit status. A
+recipe's `card` describer, `(results, checkpoint) -> RecipeResults | None`, is registered with the model card
+when this module is imported (by `hf_gate_attention.recipes`).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+
+from ..sharing.card.results import RecipeResults, register_results_describer
 
 PACKAGE = "hf_gate_attention.recipes"
 
@@ -23,12 +28,13 @@ class Action:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A recipe: its name on the command line, a line of help, its run and its actions."""
+    """A recipe: its name on the command line, a line of help, its run, its actions, its card describer."""
 
     name: str
     help: str
     run: str  # module:function of the run
     actions: tuple[Action, ...] = ()
+    card: str | None = None  # module:function describing its results in a model card
 
     def action(self, name: str) -> Action | None:
         return next((action for action in self.actions if action.name == name), None)
@@ -58,6 +64,7 @@ RECIPES = {
                     "retrain the runs whose final weights are missing (checked against the saved loss curve)",
                 ),
             ),
+            card="summarization.card:describe",
         ),
         Recipe(
             "classification",
@@ -114,3 +121,15 @@ def run_recipe(name: str, argv: list[str], prog: str) -> int:
     if action is not None:
         return _function(action.target)(argv[1:], prog=f"{prog} {action.name}")
     return _function(recipe.run)(argv, prog=prog, epilog=actions_help(recipe, prog))
+
+
+def describe_results(res: dict, ckpt: dict) -> RecipeResults | None:
+    """A model card's description of a results folder, by the first recipe whose `card` describer knows it."""
+    for recipe in RECIPES.values():
+        found = recipe.card and _function(recipe.card)(res, ckpt)
+        if found:
+            return found
+    return None
+
+
+register_results_describer(describe_results)

@@ -172,6 +172,12 @@ def test_a_recipe_without_its_extra_names_the_extra():
         "ImportError: the hf-gate-attention recipes need the [recipes] extra; missing: accelerate"
         in done.stderr
     )
+    recipe = _python(
+        BLOCK_RECIPE_STACK
+        + "from hf_gate_attention import cli\nsys.exit(cli.main(['recipe', 'pretraining']))\n"
+    )
+    assert recipe.returncode == 2, recipe.stderr[-3000:]
+    assert recipe.stderr.startswith("hf-gate-attention recipe: error: the hf-gate-attention recipes need")
     assert "pip install 'hf-gate-attention[recipes]'" in done.stderr
 
 

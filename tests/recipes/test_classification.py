@@ -198,7 +198,12 @@ def test_two_process_ddp_run(assets, tmp_path):
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
     keys |= {"label_column": "topic", "per_device_train_batch_size": 2, "ddp_backend": "gloo"}
     stdout = torchrun(
-        "-m", "recipes.classification", "--config", str(write_config(tmp_path / "c.yaml", keys))
+        "-m",
+        "hf_gate_attention",
+        "recipe",
+        "classification",
+        "--config",
+        str(write_config(tmp_path / "c.yaml", keys)),
     )
     assert stdout.count("Delta vs baseline") == 1
     comparison = _check_results(tmp_path / "tiny", test_examples=6)

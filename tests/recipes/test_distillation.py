@@ -194,7 +194,9 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_asset
     two = distill_keys(tiny_assets, teacher, tmp_path / "two", per_device_train_batch_size=1, **keys)
     config_file = write_config(tmp_path / "ddp.yaml", two | {"ddp_backend": "gloo"})
     assert (
-        torchrun("-m", "recipes.distillation", "--config", str(config_file)).count("Delta vs student-alone")
+        torchrun("-m", "hf_gate_attention", "recipe", "distillation", "--config", str(config_file)).count(
+            "Delta vs student-alone"
+        )
         == 1
     )
 

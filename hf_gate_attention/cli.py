@@ -442,6 +442,7 @@ def _recipe_parser(registry) -> argparse.ArgumentParser:
             lines.append(f"  {'':<15} actions: {', '.join(action.name for action in recipe.actions)}")
     parser = argparse.ArgumentParser(
         prog=prog,
+        usage=f"{prog} NAME [ACTION ...] | NAME [--config FILE] [KEY=VALUE ...]",
         description="Run a recipe: `NAME [--config FILE] [KEY=VALUE ...]` trains and compares the runs of "
         "its config, writing <output_dir>/<name>/; or one of its actions: `NAME ACTION ...`.",
         epilog="\n".join(lines),
@@ -449,9 +450,6 @@ def _recipe_parser(registry) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("name", choices=list(registry.RECIPES), metavar="NAME", help="the recipe")
-    parser.add_argument(
-        "arguments", nargs=argparse.REMAINDER, help="[ACTION ...] or [--config FILE] [KEY=VALUE ...]"
-    )
     return parser
 
 
@@ -464,7 +462,7 @@ def recipe_main(argv: list[str]) -> int:
         return 2
     if argv and argv[0] in registry.RECIPES:
         return registry.run_recipe(argv[0], argv[1:], f"{prog} {argv[0]}")
-    _recipe_parser(registry).parse_args(argv)  # --help, or the error that names the recipes
+    _recipe_parser(registry).parse_known_args(argv)  # --help, or the error that names the recipes
     return 2
 
 

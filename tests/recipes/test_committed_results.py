@@ -1,6 +1,10 @@
 """The committed Markdown reports are what their commands write from the committed results folders (a change
 of a report writer, or of a results folder, that the committed report does not follow fails here)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from helpers import REPO
 
@@ -51,3 +55,29 @@ def test_the_recipe_command_writes_the_report_naming_itself(action, build, resul
     assert main(["recipe", *action, results, "--out", str(out)]) == 0
     command = f"hf-gate-attention recipe {' '.join(action)} {results} --out {out}"
     assert out.read_text(encoding="utf-8") == build(results, command)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module",
+    [
+        "recipes.summarization",  # results/REPRODUCTION.md's GPU command
+        "hf_gate_attention.recipes.summarization.reproduction",
+        "hf_gate_attention.recipes.summarization.diagnosis",  # results/diagnostics/DIAGNOSTICS.md
+        "hf_gate_attention.recipes.distillation.report",
+    ],
+)
+def test_the_commands_the_committed_results_name_still_run(module):
+    env = os.environ | {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: ")

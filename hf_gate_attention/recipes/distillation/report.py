@@ -1,6 +1,7 @@
 """`DISTILLATION.md` written from a distillation comparison's results: a plain verdict per question.
 
-python -m hf_gate_attention.recipes.distillation.report results/distill --out results/DISTILLATION.md
+hf-gate-attention recipe distillation report results/distill --out results/DISTILLATION.md
+(also `python -m hf_gate_attention.recipes.distillation.report ...`, the command the committed report names)
 
 Questions, each answered on the ROUGE-L paired bootstrap delta between two students (same data, seed and
 budget): does logit KD help the student (a run with `alpha_kd > 0, alpha_gate = 0` vs the student trained

@@ -1,7 +1,7 @@
 """Report of the pretraining study: `STUDY.md` (setup, tables, plots, one verdict per paper claim) and
 `study.json`, from the jobs' `metrics.json` files. Jobs not finished yet are listed as missing.
 
-    python -m hf_gate_attention.recipes.pretraining.report results/study --out results/STUDY.md
+    hf-gate-attention recipe pretraining report results/study --out results/STUDY.md
 """
 
 from __future__ import annotations

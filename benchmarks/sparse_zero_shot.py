@@ -23,10 +23,10 @@ from transformers import AutoModelForCausalLM
 
 from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.offline import resolve_model
-from hf_gate_attention.recipes.summarization.compare import load_data
+from hf_gate_attention.recipes.common.summaries.data import DataCollatorForSummarization
+from hf_gate_attention.recipes.common.summaries.pipeline import load_data, training_features
+from hf_gate_attention.recipes.common.training import load_tokenizer
 from hf_gate_attention.recipes.summarization.config import load_config
-from hf_gate_attention.recipes.summarization.data import DataCollatorForSummarization
-from hf_gate_attention.recipes.summarization.train import load_tokenizer, training_features
 
 PRESET = Path(__file__).parents[1] / "recipes/summarization/configs/reproduce.yaml"
 # (top_k, sink, window); top_k None: the ungated model

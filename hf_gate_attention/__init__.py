@@ -23,6 +23,7 @@ imported on first use); the sharing names below are imported on first use.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 from .core.config import GateConfig
@@ -49,10 +50,18 @@ def _save_pretrained(model, *args, **kwargs):
     return save_pretrained(model, *args, **kwargs)
 
 
+def _register_recipe_cards() -> None:
+    """Let model cards describe recipe results: importing the recipes registers their describers (skipped
+    without the [recipes] extra; a card then takes no results)."""
+    with contextlib.suppress(ImportError):
+        from . import recipes  # noqa: F401
+
+
 def _push_to_hub(model, *args, **kwargs):
     """Push with a model card (`sharing.hub.push_to_hub`)."""
     from .sharing.hub import push_to_hub
 
+    _register_recipe_cards()
     return push_to_hub(model, *args, **kwargs)
 
 
@@ -114,6 +123,8 @@ __all__ = [
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _LAZY[name] in ("card", "hub"):
+        _register_recipe_cards()
     value = getattr(importlib.import_module(f".sharing.{_LAZY[name]}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -1,10 +1,11 @@
-"""`hf-gate-attention`: patch, summarize, diagnose, card, push and info from the command line.
+"""`hf-gate-attention`: patch, recipe, diagnose, card, push and info from the command line.
 
 hf-gate-attention patch HuggingFaceTB/SmolLM2-135M-Instruct smollm2-gated --variant output
 hf-gate-attention info smollm2-gated
 hf-gate-attention card smollm2-gated --results results/reproduce
 hf-gate-attention push smollm2-gated me/smollm2-gated --private
-hf-gate-attention summarize --config recipes/summarization/configs/demo.yaml
+hf-gate-attention recipe summarization --config recipes/summarization/configs/demo.yaml
+hf-gate-attention recipe distillation report results/distill --out results/DISTILLATION.md
 hf-gate-attention diagnose SmolLM2-135M-Instruct smollm2-gated --out diagnostics/
 hf-gate-attention convert QwQZh/gated_attention gated-headwise --subfolder 1B_gate_headwise
 """
@@ -186,15 +187,19 @@ def _card_options(args) -> dict:
 
 
 def cmd_card(args) -> None:
+    from . import _register_recipe_cards
     from .sharing.card import write_model_card
 
+    _register_recipe_cards()
     path = write_model_card(args.folder, repo_id=args.repo_id, **_card_options(args))
     print(f"Wrote {path}")
 
 
 def cmd_push(args) -> None:
+    from . import _register_recipe_cards
     from .sharing.hub import push_to_hub
 
+    _register_recipe_cards()
     info = push_to_hub(
         args.folder,
         args.repo_id,
@@ -211,7 +216,9 @@ def cmd_push(args) -> None:
 
 
 def _add_card_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", help="results folder of the summarization recipe (results/<name>)")
+    parser.add_argument(
+        "--results", help="results folder of the recipe that trained the model (results/<name>)"
+    )
     parser.add_argument("--run", help="which run of --results this model is (default: the one with its gate)")
     parser.add_argument("--base-model", help="Hub id of the model the gates were added to")
     parser.add_argument("--dataset", action="append", help="Hub dataset id used for training (repeatable)")
@@ -238,7 +245,7 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
     if args.text_file:
         texts = read_texts(args.text_file)
     else:
-        from .recipes.summarization.data import load_summarization_dataset
+        from .recipes.common.summaries.data import load_summarization_dataset
 
         texts = load_summarization_dataset(args.dataset, splits=["test"])["test"]["document"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
@@ -337,9 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     patch_parser.set_defaults(func=cmd_patch)
 
     commands.add_parser(
-        "summarize",
-        help="fine-tune and compare baseline vs gated runs (see `hf-gate-attention summarize --help`)",
+        "recipe",
+        help="run a recipe (summarization, classification, distillation, pretraining) or one of its actions "
+        "(see `hf-gate-attention recipe --help`)",
         add_help=False,
+    )
+    commands.add_parser(
+        "summarize", help="= `hf-gate-attention recipe summarization` (hf-gate-summarize)", add_help=False
     )
 
     card_parser = commands.add_parser("card", help="write README.md (model card) into a gated checkpoint")
@@ -411,15 +422,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def summarize_main(argv: list[str] | None = None) -> int:
-    """`hf-gate-summarize` (= `hf-gate-attention summarize`): the summarization recipe's command line, or exit
-    status 2 with the extra to install when the recipes' stack is missing."""
+def _recipe_registry(prog: str):
+    """The recipes' registry, or `None` after naming the extra to install (the recipes' stack is missing)."""
     try:
-        from .recipes.summarization.cli import main as summarize
+        from .recipes import registry
     except ImportError as error:
-        print(f"hf-gate-summarize: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return None
+    return registry
+
+
+def _recipe_parser(registry) -> argparse.ArgumentParser:
+    """`hf-gate-attention recipe --help`: the recipes and their actions."""
+    prog = f"{PROG} recipe"
+    lines = [f"recipes ({prog} NAME --help: its config keys and actions):"]
+    for recipe in registry.RECIPES.values():
+        lines.append(f"  {recipe.name:<15} {recipe.help}")
+        if recipe.actions:
+            lines.append(f"  {'':<15} actions: {', '.join(action.name for action in recipe.actions)}")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        usage=f"{prog} NAME [ACTION ...] | NAME [--config FILE] [KEY=VALUE ...]",
+        description="Run a recipe: `NAME [--config FILE] [KEY=VALUE ...]` trains and compares the runs of "
+        "its config, writing <output_dir>/<name>/; or one of its actions: `NAME ACTION ...`.",
+        epilog="\n".join(lines),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("name", choices=list(registry.RECIPES), metavar="NAME", help="the recipe")
+    return parser
+
+
+def recipe_main(argv: list[str]) -> int:
+    """`hf-gate-attention recipe NAME [ACTION] ...`: a recipe's run or action (`recipes.registry`), or exit
+    status 2 with the extra to install when the recipes' stack is missing."""
+    prog = f"{PROG} recipe"
+    registry = _recipe_registry(prog)
+    if registry is None:
         return 2
-    return summarize(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in registry.RECIPES:
+        return registry.run_recipe(argv[0], argv[1:], f"{prog} {argv[0]}")
+    _recipe_parser(registry).parse_known_args(argv)  # --help, or the error that names the recipes
+    return 2
+
+
+def summarize_main(argv: list[str] | None = None) -> int:
+    """`hf-gate-summarize` (= `hf-gate-attention summarize`, `hf-gate-attention recipe summarization`)."""
+    registry = _recipe_registry("hf-gate-summarize")
+    if registry is None:
+        return 2
+    return registry.run_recipe("summarization", sys.argv[1:] if argv is None else argv, "hf-gate-summarize")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["summarize"]:
         return summarize_main(argv[1:])
+    if argv[:1] == ["recipe"]:
+        return recipe_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -1,4 +1,5 @@
-"""Library code of the recipes (in the repository, `python -m recipes.<name> --config ...` runs them).
+"""Library code of the recipes: `hf-gate-attention recipe NAME [--config FILE] [KEY=VALUE ...]` runs one
+(`registry.py` lists them and their actions); they stand side by side on `common`.
 
 The recipes need more than the core: the `[recipes]` extra (`pip install 'hf-gate-attention[recipes]'`).
 Importing this package without it raises an `ImportError` that names the missing modules and the extra.
@@ -30,3 +31,5 @@ if _missing:
         f"the hf-gate-attention recipes need the [recipes] extra; missing: {', '.join(_missing)}. "
         "Install it with: pip install 'hf-gate-attention[recipes]'"
     )
+
+from . import registry  # noqa: E402, F401 (registers the recipes' model card describers)

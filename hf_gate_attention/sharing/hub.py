@@ -49,7 +49,7 @@ def push_to_hub(
         repo_id (`str`): `"namespace/name"` (or `"name"` for your own namespace); created if missing.
         processor (*optional*): a tokenizer / image processor saved next to the model (model input only).
         results, run, base_model, datasets (*optional*): passed to `card.write_model_card` (`results`: the
-            summarization recipe's results folder) when the folder has no README.md.
+            results folder of the recipe that trained the model) when the folder has no README.md.
         private, revision, commit_message, commit_description, create_pr: as in `HfApi.upload_folder`;
             `revision` is a branch, created from main if missing; `private` only applies to a new repo.
         token (`str`, *optional*): defaults to `huggingface_hub.get_token()` (`HF_TOKEN` or `hf auth login`).

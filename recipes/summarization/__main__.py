@@ -1,7 +1,8 @@
-"""`python -m recipes.summarization --config recipes/summarization/configs/demo.yaml` (see README.md here)."""
+"""`python -m recipes.summarization ...` = `hf-gate-attention recipe summarization ...`: kept because
+results/REPRODUCTION.md (and the comment of configs/reproduce.yaml) name this command."""
 
 import sys
 
-from hf_gate_attention.recipes.summarization.cli import main
+from hf_gate_attention.cli import main
 
-sys.exit(main())
+sys.exit(main(["recipe", "summarization", *sys.argv[1:]]))

@@ -6,6 +6,7 @@ shared helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offl
 from any room above the core; no module reaches itself through imports. `core` imports only torch,
 transformers and itself: what runs above it registers into it (the kernels' backends into `core.backends`,
 the `save_pretrained`/`push_to_hub` bound on patched instances into `core.patching`, by the package root).
+The recipes are peers standing on `recipes.common`: none imports another, and `common` imports none.
 """
 
 from __future__ import annotations
@@ -72,6 +73,27 @@ def test_imports_flow_one_way_even_inside_functions(path):
     room = _room(_module_name(path))
     for imported in imports(path):
         assert _room(imported) in ALLOWED[room], f"{_module_name(path)} ({room}) imports {imported}"
+
+
+def _recipe(module: str) -> str | None:
+    """`hf_gate_attention.recipes.distillation.train` -> `distillation` (`common` for the shared package);
+    `None` outside a recipe's package (the package root, `recipes.registry`)."""
+    parts = module.split(".")
+    if parts[1:2] != ["recipes"] or len(parts) < 3 or not (PACKAGE / "recipes" / parts[2]).is_dir():
+        return None
+    return parts[2]
+
+
+RECIPE_MODULES = [p for p in MODULES if _recipe(_module_name(p))]
+
+
+@pytest.mark.parametrize("path", RECIPE_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_recipes_import_common_and_never_each_other(path):
+    mine = _recipe(_module_name(path))
+    for imported in imports(path):
+        theirs = _recipe(imported)
+        allowed = {mine, None} | ({"common"} if mine != "common" else set())
+        assert theirs in allowed, f"{_module_name(path)} ({mine}) imports {imported} ({theirs})"
 
 
 def test_no_import_circles():
@@ -150,6 +172,12 @@ def test_a_recipe_without_its_extra_names_the_extra():
         "ImportError: the hf-gate-attention recipes need the [recipes] extra; missing: accelerate"
         in done.stderr
     )
+    recipe = _python(
+        BLOCK_RECIPE_STACK
+        + "from hf_gate_attention import cli\nsys.exit(cli.main(['recipe', 'pretraining']))\n"
+    )
+    assert recipe.returncode == 2, recipe.stderr[-3000:]
+    assert recipe.stderr.startswith("hf-gate-attention recipe: error: the hf-gate-attention recipes need")
     assert "pip install 'hf-gate-attention[recipes]'" in done.stderr
 
 

@@ -34,10 +34,10 @@ def test_other_systems_get_an_error_not_a_guess(monkeypatch, tmp_path):
 
 
 def test_the_recipe_reports_nan_where_memory_cannot_be_measured(monkeypatch, tmp_path):
-    from hf_gate_attention.recipes.summarization import evaluation
+    from hf_gate_attention.recipes.common.summaries import generation
 
     monkeypatch.setattr("hf_gate_attention.memory._STATUS", tmp_path / "no-such-file")
-    monkeypatch.setattr(evaluation, "_summarize_one", lambda *args: None)
+    monkeypatch.setattr(generation, "_summarize_one", lambda *args: None)
     assert math.isnan(
-        evaluation.peak_memory_mb(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long), 4)
+        generation.peak_memory_mb(torch.nn.Linear(2, 2), torch.zeros(1, 3, dtype=torch.long), 4)
     )

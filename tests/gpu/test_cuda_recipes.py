@@ -79,7 +79,8 @@ def assert_trained(watch: WeightWatch, summary: dict, backend: str) -> list[dict
 def train_runs(config, tokenizer, train_one) -> None:
     """The training part of the summarization and distillation comparisons: claim the results folder, load
     the data, `train_one(run=, train_set=, validation_set=)` every run."""
-    from hf_gate_attention.recipes.summarization.compare import claim_on_main, load_data, train_all
+    from hf_gate_attention.recipes.common.run_dir import claim_on_main
+    from hf_gate_attention.recipes.common.summaries.pipeline import load_data, train_all
 
     claim_on_main(config)
     train_all(config, tokenizer, load_data(config), train_one)
@@ -88,8 +89,9 @@ def train_runs(config, tokenizer, train_one) -> None:
 def test_summarization_recipe_bf16_steps(tiny_assets, tmp_path, backend):
     require("accelerate", "datasets")
     from hf_gate_attention.offline import resolve_model
+    from hf_gate_attention.recipes.common.training import load_tokenizer
     from hf_gate_attention.recipes.summarization import RecipeConfig
-    from hf_gate_attention.recipes.summarization.train import load_tokenizer, train_run
+    from hf_gate_attention.recipes.summarization.models import train_run
 
     gated = {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}}
     keys = tiny_config(tiny_assets, tmp_path / "results", runs=[gated], eval_steps=None, max_steps=STEPS)
@@ -113,7 +115,7 @@ def test_classification_recipe_bf16_steps(tmp_path, backend):
     from hf_gate_attention.recipes.classification import ClassificationConfig
     from hf_gate_attention.recipes.classification.compare import load_data, train_all
     from hf_gate_attention.recipes.classification.model import load_processor
-    from hf_gate_attention.recipes.summarization.compare import claim_on_main
+    from hf_gate_attention.recipes.common.run_dir import claim_on_main
 
     gated = {"name": "qk-elementwise", "gate": {"variant": "qk", "granularity": "elementwise"}}
     model, data = make_text_model(tmp_path / "bert"), make_text_data(tmp_path / "text")
@@ -133,10 +135,10 @@ def test_distillation_recipe_bf16_steps(tiny_assets, tmp_path, backend):
     require("accelerate", "datasets")
     from test_distillation import distill_keys
 
+    from hf_gate_attention.recipes.common.training import load_tokenizer
     from hf_gate_attention.recipes.distillation import DistillationConfig
     from hf_gate_attention.recipes.distillation.models import load_teacher, student_source
     from hf_gate_attention.recipes.distillation.train import train_student
-    from hf_gate_attention.recipes.summarization.train import load_tokenizer
 
     # a gated teacher where the recipe looks for one: <results>/<run>/model beside <results>/config.json
     teacher_dir = tmp_path / "teacher" / "output-headwise" / "model"

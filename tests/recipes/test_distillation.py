@@ -14,6 +14,7 @@ from test_recipe import StopAtStep
 
 from hf_gate_attention import patch
 from hf_gate_attention.core.config import GateConfig
+from hf_gate_attention.recipes.common.config_files import load_config
 from hf_gate_attention.recipes.distillation import (
     DistillationConfig,
     default_layer_map,
@@ -25,7 +26,7 @@ from hf_gate_attention.recipes.distillation import (
 )
 from hf_gate_attention.recipes.distillation.cli import main
 from hf_gate_attention.recipes.distillation.report import main as report_main
-from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
+from hf_gate_attention.recipes.summarization import RecipeConfig, run_comparison
 
 OUTPUT = {"variant": "output", "granularity": "headwise"}
 DISTILL_RUNS = [
@@ -193,7 +194,9 @@ def test_two_process_ddp_matches_one_process_on_the_same_global_batch(tiny_asset
     two = distill_keys(tiny_assets, teacher, tmp_path / "two", per_device_train_batch_size=1, **keys)
     config_file = write_config(tmp_path / "ddp.yaml", two | {"ddp_backend": "gloo"})
     assert (
-        torchrun("-m", "recipes.distillation", "--config", str(config_file)).count("Delta vs student-alone")
+        torchrun("-m", "hf_gate_attention", "recipe", "distillation", "--config", str(config_file)).count(
+            "Delta vs student-alone"
+        )
         == 1
     )
 
@@ -255,6 +258,6 @@ def test_teacher_folder_that_is_not_gated_or_missing_is_named(tiny_assets, teach
 
 def test_the_preset_reads_and_distills_the_reproductions_teacher():
     preset = REPO / "recipes" / "distillation" / "configs" / "distill.yaml"
-    config = load_config(preset, config_class=DistillationConfig)
+    config = load_config(preset, None, DistillationConfig)
     assert config.teacher == "results/reproduce/output-headwise/model" and config.student_num_layers == 15
     assert [r.name for r in config.runs] == [r["name"] for r in DISTILL_RUNS]

@@ -12,11 +12,12 @@ from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
 from safetensors import safe_open
 
 from hf_gate_attention import gate_backend_of
+from hf_gate_attention.cli import main as cli_main
+from hf_gate_attention.recipes.common.config_files import parse_overrides
+from hf_gate_attention.recipes.common.run_dir import check_run_dir, claim_run_dir
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
-from hf_gate_attention.recipes.summarization.config import parse_overrides
-from hf_gate_attention.recipes.summarization.files import check_run_dir, claim_run_dir
-from hf_gate_attention.recipes.summarization.train import load_pretrained
+from hf_gate_attention.recipes.summarization.models import load_pretrained
 
 # ------------------------------------------------------------------------------------------- end to end
 
@@ -24,7 +25,8 @@ from hf_gate_attention.recipes.summarization.train import load_pretrained
 @pytest.mark.slow
 def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
     config_file = write_config(tmp_path / "tiny.yaml", tiny_config(tiny_assets, tmp_path / "results"))
-    assert main(["--config", str(config_file), "--learning-rate", "2e-4"]) == 0
+    command = ["recipe", "summarization", "--config", str(config_file), "learning_rate=2e-4"]
+    assert cli_main(command) == 0
     out = tmp_path / "results" / "tiny"
     printed = capsys.readouterr().out
     assert "Delta vs baseline" in printed and str(out) in printed
@@ -235,9 +237,32 @@ def test_config_file_and_overrides(tmp_path):
     assert (config.max_steps, config.bf16, config.name) == (20, True, "x")
     assert config.lora_target_modules == ["q_proj", "v_proj"]
     assert config.baseline.name == "baseline" and config.runs[1].gate.variant == "output"
+    overrides = parse_overrides(["max_steps=30", "instruction=Summarize: a=b", "--name", "y", "--resume"])
+    assert overrides == {"max_steps": "30", "instruction": "Summarize: a=b", "name": "y", "resume": "true"}
+    with pytest.raises(ValueError, match="expected KEY=VALUE or --key value, got 'max_steps'"):
+        parse_overrides(["max_steps"])
     config = load_config(None, {"runs": json.dumps(RUNS[1:]), "eval_steps": "null", "learning_rate": "3e-4"})
     assert config.baseline is None and config.eval_steps is None and config.learning_rate == 3e-4
     assert RecipeConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_the_recipe_command_lists_every_recipe_and_its_actions(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recipe", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in ("summarization", "classification", "distillation", "pretraining"))
+    assert "actions: reproduction, diagnosis, recreate" in text and "actions: report, corpus" in text
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["recipe", "translation"])
+    assert exit_info.value.code == 2 and "invalid choice: 'translation'" in capsys.readouterr().err
+
+
+def test_a_recipe_action_runs_under_its_command(tmp_path, capsys):
+    assert cli_main(["recipe", "distillation", "report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("hf-gate-attention recipe distillation report: error:")
+    assert cli_main(["recipe", "summarization", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("hf-gate-attention recipe summarization: error: config file")
 
 
 def test_resume_may_append_runs_and_reads_configs_saved_by_older_versions(tmp_path):

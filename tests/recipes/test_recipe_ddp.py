@@ -13,7 +13,7 @@ def test_two_process_ddp_run(tmp_path):
     assets = {"model": make_tiny_model(tmp_path / "model"), "data": make_dataset(tmp_path / "data")}
     keys = tiny_config(assets, tmp_path / "results", runs=RUNS[:2], eval_steps=None, ddp_backend="gloo")
     config_file = write_config(tmp_path / "ddp.yaml", keys)
-    stdout = torchrun("-m", "recipes.summarization", "--config", str(config_file))
+    stdout = torchrun("-m", "hf_gate_attention", "recipe", "summarization", "--config", str(config_file))
     assert stdout.count("Delta vs baseline") == 1  # the table is written and printed by the main process only
 
     out = tmp_path / "results" / "tiny"

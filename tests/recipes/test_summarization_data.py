@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from hf_gate_attention.recipes.common.summaries import data as sdata
 from hf_gate_attention.recipes.summarization import (
     DataCollatorForSummarization,
     build_example,
@@ -18,7 +19,6 @@ from hf_gate_attention.recipes.summarization import (
     load_summarization_dataset,
     truncate_document,
 )
-from hf_gate_attention.recipes.summarization import data as sdata
 
 
 def _package_dir(name: str) -> Path:

@@ -15,7 +15,15 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 import hf_gate_attention
 from hf_gate_attention import files as atomic
 from hf_gate_attention.sharing import card as card_module
-from hf_gate_attention.sharing.card import NO_RESULTS, TEMPLATE, render_model_card, write_model_card
+from hf_gate_attention.sharing.card import (
+    NO_RESULTS,
+    TEMPLATE,
+    RecipeResults,
+    register_results_describer,
+    render_model_card,
+    write_model_card,
+)
+from hf_gate_attention.sharing.card import results as results_module
 
 
 def save_tiny_gated(folder: Path, gate=None, **save_kwargs):
@@ -159,6 +167,51 @@ def test_run_selection(recipe_results, tmp_path):
         render_model_card(tmp_path / "value", results=recipe_results)
     with pytest.raises(ValueError, match=r"no comparison\.json"):
         render_model_card(folder, results=tmp_path)
+
+
+def test_the_recipe_describes_its_results_and_the_card_renders_them(tmp_path, monkeypatch):
+    save_tiny_gated(tmp_path / "g" / "model", hf_gate_attention.GateConfig(variant="output"))
+    results = tmp_path
+    gate = hf_gate_attention.GateConfig(variant="output").to_dict()
+    rows = [{"run": "base", "gate": None}, {"run": "g", "gate": gate}]
+    (results / "comparison.json").write_text(json.dumps({"config": {"task": "toys"}, "runs": rows}))
+    (results / "g" / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    monkeypatch.setattr(results_module, "_DESCRIBERS", [])
+    with pytest.raises(ValueError, match="no recipe describes the results folder"):
+        render_model_card(results / "g" / "model", results=results)
+
+    def describe(res, ckpt):
+        if res["config"].get("task") != "toys":
+            return None
+        return RecipeResults(
+            summary="Trained on toys.",
+            training="Toy training.",
+            evaluation=f"Accuracy {res['run']['accuracy']} vs `{res['baseline']['run']}`.",
+            limitations=["Toys only."],
+            model=None,
+            dataset="org/toys",
+            task_type="text-classification",
+            task_name="Text Classification",
+            scores=[("accuracy", "Accuracy", res["run"]["accuracy"])],
+            metrics=["accuracy"],
+            tags=["toys"],
+        )
+
+    register_results_describer(describe)
+    card = render_model_card(results / "g" / "model", results=results)
+    text = str(card)
+    for part in ("Trained on toys.", "Toy training.", "Accuracy 0.5 vs `base`.", "- Toys only."):
+        assert part in text
+    assert "ROUGE" not in text and "summarization" not in text
+    assert (
+        card.data.datasets == ["org/toys"] and card.data.metrics == ["accuracy"] and "toys" in card.data.tags
+    )
+    (result,) = card.data.eval_results
+    assert (result.task_type, result.metric_type, result.metric_value) == (
+        "text-classification",
+        "accuracy",
+        0.5,
+    )
 
 
 def test_not_a_gated_checkpoint_is_refused_naming_what_was_found(tmp_path):

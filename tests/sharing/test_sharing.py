@@ -290,7 +290,9 @@ def test_cli_help_lists_every_option(command, capsys):
     assert expected[command] in text
 
 
-def test_cli_summarize_is_the_recipe_command(capsys):
+@pytest.mark.parametrize("command", [["summarize"], ["recipe", "summarization"]])
+def test_cli_summarize_is_the_recipe_command(command, capsys):
     with pytest.raises(SystemExit):
-        main(["summarize", "--help"])
-    assert "--max_steps" in capsys.readouterr().out
+        main([*command, "--help"])
+    text = capsys.readouterr().out
+    assert "max_steps (default: -1)" in text and "reproduction" in text

@@ -1,6 +1,6 @@
 """Encoder classification recipe: BERT-family text and ViT-family image classifiers, ungated and gated,
 fine-tuned with the Trainer on the same data and budget and compared on accuracy and macro-F1 (bootstrap CIs,
-paired deltas) and inference throughput (`run_classification`, `python -m recipes.classification`)."""
+paired deltas) and inference throughput (`run_classification`, `hf-gate-attention recipe classification`)."""
 
 from .compare import run_classification
 from .config import ClassificationConfig

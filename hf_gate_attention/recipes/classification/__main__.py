@@ -1,4 +1,5 @@
-"""`python -m hf_gate_attention.recipes.classification --config <file> [--key value ...]`."""
+"""`python -m hf_gate_attention.recipes.classification ...` = `hf-gate-attention recipe classification
+...`."""
 
 import sys
 

@@ -1,15 +1,15 @@
-"""Command line of the classification recipe: `python -m recipes.classification --config FILE [--key value]`
-(also `python -m hf_gate_attention.recipes.classification`)."""
+"""Command line of the classification recipe: `hf-gate-attention recipe classification --config FILE
+[KEY=VALUE ...]`."""
 
 from __future__ import annotations
 
 import sys
 
-from ..summarization.cli import recipe_main
+from ..common.runner import recipe_main
 from .compare import run_classification
 from .config import ClassificationConfig
 
-PROG = "python -m recipes.classification"
+PROG = "hf-gate-attention recipe classification"
 
 
 def _report(run_dir) -> None:
@@ -18,17 +18,18 @@ def _report(run_dir) -> None:
     print(f"Plots:   {run_dir}/loss_curves.png, {run_dir}/quality.png, {run_dir}/speed.png")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG, epilog: str = "") -> int:
     """Run (or continue) a comparison; returns the exit status (2 for bad input, reported in one line)."""
     return recipe_main(
         argv,
-        prog=PROG,
+        prog=prog,
         description="Fine-tune and compare an ungated baseline and gated-attention variants on text (BERT "
         "family) or image (ViT family) classification; writes <output_dir>/<name>/ with comparison tables "
         "and plots. Config keys: see ClassificationConfig.",
         config_class=ClassificationConfig,
         run=run_classification,
         report=_report,
+        epilog=epilog,
     )
 
 

@@ -23,10 +23,10 @@ from transformers import TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
-from ..summarization.compare import claim_on_main, leave_after_training
-from ..summarization.files import check_run_dir
-from ..summarization.plots import plot_loss_curves, plot_scores, plot_speed
-from ..summarization.train import TRAIN_SUMMARY_FILE, distributed_state, is_trained, train_model
+from ..common.distributed import distributed_state, leave_after_training
+from ..common.plots import plot_loss_curves, plot_scores, plot_speed
+from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.training import TRAIN_SUMMARY_FILE, is_trained, train_model
 from .config import ClassificationConfig
 from .data import ClassificationData, load_classification_dataset
 from .evaluation import confusion_matrix, deltas, interleaved_throughput, predict, quality, speed_ratios

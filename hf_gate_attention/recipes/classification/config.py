@@ -1,30 +1,24 @@
-"""`ClassificationConfig`: every knob of the classification recipe (YAML/JSON file and `--key value`), read
-with the summarization recipe's machinery (`from_mapping`, `load_config`, `RunSpec`)."""
+"""`ClassificationConfig`: every knob of the classification recipe (YAML/JSON file and `KEY=VALUE`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ...core.config import GateConfig
-from ..summarization.config import RecipeConfigBase, RunSpec, TrainingKeys, check_shared_keys
-
-
-def _default_runs() -> list[RunSpec]:
-    return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
+from ..common.config import RecipeConfigBase, TrainingKeys, check_shared_keys
 
 
 @dataclass
-class ClassificationConfig(TrainingKeys, RecipeConfigBase):
+class ClassificationConfig(RecipeConfigBase, TrainingKeys):
     """Configuration of a classification comparison: the same data, seed and budget for every run.
 
     The modality follows the data: a dataset with a text column fine-tunes an
     `AutoModelForSequenceClassification` (BERT family), one with an image column an
     `AutoModelForImageClassification` (ViT family; a bare backbone such as DINOv2 gets a new head).
 
-    Run (as in the summarization recipe's `RecipeConfig`):
+    Run (`RecipeConfigBase`):
         name, output_dir: results go to `<output_dir>/<name>/`.
         overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
-            their last checkpoint; only the summarization recipe's `RESUMABLE_KEYS` may change).
+            their last checkpoint; only `RESUMABLE_KEYS` may change).
         backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
         runs (`list`): the compared models `{name, gate}`; `gate: null` is the baseline (at most one; deltas
             and speed ratios are computed against it).
@@ -56,12 +50,8 @@ class ClassificationConfig(TrainingKeys, RecipeConfigBase):
             `speed_batch_size`, in interleaved rounds over the models.
     """
 
+    # name, output_dir, overwrite, resume, backend, runs: `RecipeConfigBase`
     name: str = "classify"
-    output_dir: str = "results"
-    overwrite: bool = False
-    resume: bool = False
-    backend: str = "auto"
-    runs: list[RunSpec] = field(default_factory=_default_runs)
     # model and data
     model: str = "all-MiniLM-L6-v2"
     attn_implementation: str = "sdpa"
@@ -86,8 +76,7 @@ class ClassificationConfig(TrainingKeys, RecipeConfigBase):
     speed_batch_size: int = 8
     speed_rounds: int = 3
 
-    def __post_init__(self):
-        self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
+    def _validate(self) -> None:
         check_shared_keys(self)
         if self.bf16 and self.fp16:
             raise ValueError("bf16 and fp16 are both true; pick one")

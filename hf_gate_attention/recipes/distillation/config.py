@@ -1,19 +1,12 @@
-"""`DistillationConfig`: every knob of the distillation recipe (YAML/JSON file and `--key value`), read with
-the summarization recipe's machinery (`from_mapping`, `load_config`, `check_shared_keys`)."""
+"""`DistillationConfig`: every knob of the distillation recipe (YAML/JSON file and `KEY=VALUE`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from ..summarization.config import (
-    RUN_NAME,
-    RecipeConfigBase,
-    SummaryKeys,
-    TrainingKeys,
-    check_shared_keys,
-    check_summary_keys,
-)
+from ..common.config import RUN_NAME, RecipeConfigBase, TrainingKeys, check_shared_keys
+from ..common.summaries.keys import SummaryKeys, check_summary_keys
 
 TEACHER_ROW = "teacher"  # the teacher's row of the tables; no run may take this name
 DEFAULT_TEACHER = "results/reproduce/output-headwise/model"
@@ -70,17 +63,17 @@ def _default_runs() -> list[DistillRunSpec]:
 
 
 @dataclass
-class DistillationConfig(SummaryKeys, TrainingKeys, RecipeConfigBase):
+class DistillationConfig(RecipeConfigBase, SummaryKeys, TrainingKeys):
     """Configuration of a distillation comparison: every student gets the same data, seed and budget.
 
     Loss of a run: `task + alpha_kd * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + alpha_gate *
     MSE(student gates, teacher gates)`, the task loss and the KL on the summary tokens, the gate MSE on the
     non-padding tokens of the mapped layers (`hf_gate_attention.recipes.distillation.losses`).
 
-    Run (as in the summarization recipe's `RecipeConfig`):
+    Run (`RecipeConfigBase`):
         name, output_dir: results go to `<output_dir>/<name>/`.
         overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
-            their last checkpoint; only the summarization recipe's `RESUMABLE_KEYS` may change).
+            their last checkpoint; only `RESUMABLE_KEYS` may change).
         backend (`str`, defaults to `"auto"`): what runs the gates of both models, as in `patch`.
         runs (`list`): the students `{name, alpha_kd, alpha_gate}`; the one with both weights 0 (at most
             one) is the student trained alone, the reference of the ROUGE deltas.
@@ -104,11 +97,10 @@ class DistillationConfig(SummaryKeys, TrainingKeys, RecipeConfigBase):
     the preset uses the values the teacher was trained with. Every weight of the student is trained.
     """
 
+    run_class: ClassVar[type] = DistillRunSpec
+
+    # output_dir, overwrite, resume, backend: `RecipeConfigBase`
     name: str = "distill"
-    output_dir: str = "results"
-    overwrite: bool = False
-    resume: bool = False
-    backend: str = "auto"
     runs: list[DistillRunSpec] = field(default_factory=_default_runs)
     # teacher and student
     teacher: str = DEFAULT_TEACHER
@@ -118,10 +110,6 @@ class DistillationConfig(SummaryKeys, TrainingKeys, RecipeConfigBase):
     temperature: float = 2.0
     attn_implementation: str = "sdpa"
     # data and evaluation: `SummaryKeys`; training: `TrainingKeys`
-
-    def __post_init__(self):
-        self.runs = [r if isinstance(r, DistillRunSpec) else DistillRunSpec.from_dict(r) for r in self.runs]
-        self._validate()
 
     def _validate(self) -> None:
         if sum(r.is_baseline for r in self.runs) > 1:

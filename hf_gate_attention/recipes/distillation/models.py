@@ -21,8 +21,8 @@ from ...core.patching import gate_config_of
 from ...files import read_json
 from ...offline import resolve_model
 from ...sharing.loading import from_pretrained as load_gated
-from ..summarization.files import CONFIG_FILE
-from ..summarization.train import patch_on_device
+from ..common.distributed import patch_on_device
+from ..common.run_dir import CONFIG_FILE
 from .config import DistillationConfig
 from .losses import gate_modules
 

@@ -1,6 +1,7 @@
 """`DISTILLATION.md` written from a distillation comparison's results: a plain verdict per question.
 
-python -m hf_gate_attention.recipes.distillation.report results/distill --out results/DISTILLATION.md
+hf-gate-attention recipe distillation report results/distill --out results/DISTILLATION.md
+(also `python -m hf_gate_attention.recipes.distillation.report ...`, the command the committed report names)
 
 Questions, each answered on the ROUGE-L paired bootstrap delta between two students (same data, seed and
 budget): does logit KD help the student (a run with `alpha_kd > 0, alpha_gate = 0` vs the student trained
@@ -17,7 +18,8 @@ from pathlib import Path
 from ...claims import round_speedups
 from ...files import read_json
 from ...formatting import gate_label
-from ..summarization.report import report_main, rouge_deltas
+from ..common.reports import report_main
+from ..common.summaries.report import rouge_deltas
 from .compare import comparison_tables
 from .config import TEACHER_ROW
 
@@ -124,9 +126,13 @@ def distillation_report(results: str | Path, command: str) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return report_main(
-        argv, "hf_gate_attention.recipes.distillation.report", distillation_report, "results/DISTILLATION.md"
+        argv,
+        "hf_gate_attention.recipes.distillation.report",
+        distillation_report,
+        "results/DISTILLATION.md",
+        prog,
     )
 
 

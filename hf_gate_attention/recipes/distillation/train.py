@@ -1,4 +1,4 @@
-"""Training of one student with the summarization recipe's Trainer loop (`train_model`: checkpoints, resume)
+"""Training of one student with the recipes' Trainer loop (`train_model`: checkpoints, resume)
 and a `compute_loss` that adds the distillation terms of its run."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import torch
 
-from ..summarization.data import DataCollatorForSummarization
-from ..summarization.train import GateLearningRateTrainer, train_model
+from ..common.summaries.data import DataCollatorForSummarization
+from ..common.training import GateLearningRateTrainer, train_model
 from .config import DistillationConfig, DistillRunSpec
 from .losses import gate_mse, kd_loss_sum, recorded_gates, summary_positions
 from .models import build_student, gated_pairs

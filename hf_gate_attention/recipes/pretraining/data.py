@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from ...files import atomic_write_bytes, atomic_write_json, read_json
+from ..common.archives import download_sources
 from .config import StudyConfig
-from .corpus import build_corpus, download_sources, read_split
+from .corpus import SOURCES, build_corpus, read_split
 
 EOS = "<|endoftext|>"
 TOKENIZER_DIR = "tokenizer"
@@ -100,7 +101,7 @@ def corpus_folder(config: StudyConfig) -> Path:
             raise FileNotFoundError(f"corpus folder {folder} does not exist (or use corpus: offline)")
         return folder
     archives = Path(config.corpus_archives)
-    download_sources(archives)
+    download_sources(archives, SOURCES)
     folder = Path(config.cache_dir) / "corpus"
     build_corpus(archives, folder)
     return folder

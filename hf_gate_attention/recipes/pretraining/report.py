@@ -1,7 +1,7 @@
 """Report of the pretraining study: `STUDY.md` (setup, tables, plots, one verdict per paper claim) and
 `study.json`, from the jobs' `metrics.json` files. Jobs not finished yet are listed as missing.
 
-    python -m hf_gate_attention.recipes.pretraining.report results/study --out results/STUDY.md
+    hf-gate-attention recipe pretraining report results/study --out results/STUDY.md
 """
 
 from __future__ import annotations
@@ -414,8 +414,8 @@ def write_report(config: StudyConfig, out: Path | None = None, command: str = "m
     return config.run_dir / "STUDY.md"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write STUDY.md of a pretraining study folder.")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Write STUDY.md of a pretraining study folder.")
     parser.add_argument("study", help="the study folder (results/study)")
     parser.add_argument("--out", help="also write the Markdown here (image links adjusted)")
     parser.add_argument("--command", default="make study", help="the command named as the producer")

@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 
 from ...diagnostics import DiagnosticsCallback, diagnose
 from ...files import atomic_write_json, read_json
-from ..summarization.train import last_complete_checkpoint, on_cpu, patch_on_device
+from ..common.distributed import on_cpu, patch_on_device
+from ..common.training import last_complete_checkpoint
 from .config import Job, StudyConfig
 from .data import BlockDataset
 

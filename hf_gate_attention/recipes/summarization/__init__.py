@@ -1,24 +1,25 @@
-"""Long-document summarization recipe: data loading, prompt building, ROUGE with confidence intervals,
-training, evaluation and the baseline-vs-gated comparison (`run_comparison`, command `hf-gate-summarize`)."""
+"""Long-document summarization recipe: the baseline-vs-gated comparison (`run_comparison`, command
+`hf-gate-attention recipe summarization`), with the data loading, prompt building and ROUGE with confidence
+intervals of `recipes.common.summaries` (re-exported here)."""
 
-from .compare import run_comparison
-from .config import RecipeConfig, RunSpec, load_config
-from .data import (
+from ..common.config import RunSpec
+from ..common.statistics import bootstrap_ci, paired_bootstrap_delta
+from ..common.summaries.data import (
     DataCollatorForSummarization,
     build_example,
     build_prompt,
     load_summarization_dataset,
     truncate_document,
 )
-from .rouge import (
+from ..common.summaries.rouge import (
     ROUGE_METRIC_PATH,
     ROUGE_TYPES,
-    bootstrap_ci,
     compute_rouge,
     load_rouge_metric,
-    paired_bootstrap_delta,
     per_example_rouge,
 )
+from .compare import run_comparison
+from .config import RecipeConfig, load_config
 
 __all__ = [
     "ROUGE_METRIC_PATH",

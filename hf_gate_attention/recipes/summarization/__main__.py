@@ -1,4 +1,4 @@
-"""`python -m hf_gate_attention.recipes.summarization --config <file> [--key value ...]`."""
+"""`python -m hf_gate_attention.recipes.summarization ...` = `hf-gate-attention recipe summarization ...`."""
 
 import sys
 

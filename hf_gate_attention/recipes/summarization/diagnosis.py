@@ -1,7 +1,9 @@
 """Diagnostics of a comparison's models: the pretrained (ungated) model and every run whose final weights are
 in the results folder, on the same test documents, with the paper appendix's prediction beside the numbers.
 
-    python -m hf_gate_attention.recipes.summarization.diagnosis results/reproduce --out results/diagnostics
+    hf-gate-attention recipe summarization diagnosis results/reproduce --out results/diagnostics
+
+(also `python -m hf_gate_attention.recipes.summarization.diagnosis ...`, the command DIAGNOSTICS.md names)
 
 Final weights are not kept in git. `--recreate-missing` first retrains the runs whose weights are missing
 (`recreate.recreate_weights`: the saved config, checked against the saved loss curves).
@@ -22,10 +24,12 @@ from ...files import atomic_write_text, read_json
 from ...formatting import gate_label
 from ...offline import resolve_model
 from ...sharing.loading import load_model
-from .data import load_summarization_dataset
-from .files import CONFIG_FILE
+from ..common.run_dir import CONFIG_FILE
+from ..common.summaries.data import load_summarization_dataset
+from ..common.training import load_tokenizer
 from .recreate import missing_weights, recreate_weights
-from .train import load_tokenizer
+
+MODULE = "hf_gate_attention.recipes.summarization.diagnosis"
 
 PRETRAINED = "pretrained"
 APPENDIX = (
@@ -36,11 +40,13 @@ APPENDIX = (
 
 
 def diagnose_comparison(
-    results: str | Path, out: str | Path, max_inputs: int = 8, max_length: int = 512
+    results: str | Path, out: str | Path, max_inputs: int = 8, max_length: int = 512, prog: str | None = None
 ) -> str:
     """Diagnose the pretrained model and the runs of `results` found with weights; write per-model files,
-    `layers.png` and `DIAGNOSTICS.md` into `out`; returns the Markdown."""
+    `layers.png` and `DIAGNOSTICS.md` into `out` (naming the command `prog`, default `python -m` of this
+    module); returns the Markdown."""
     results, out = Path(results), Path(out)
+    prog = prog or f"python -m {MODULE}"
     saved = read_json(results / CONFIG_FILE)
     if saved is None:
         raise FileNotFoundError(f"{results} holds no {CONFIG_FILE}: not a results folder of the recipe")
@@ -82,8 +88,7 @@ def diagnose_comparison(
         [
             f"# Diagnostics of `{results}`",
             "",
-            f"Produced by `python -m hf_gate_attention.recipes.summarization.diagnosis {results} --out "
-            f"{out}`: "
+            f"Produced by `{prog} {results} --out {out}`: "
             f"{len(inputs)} test documents of `{saved['dataset']}`, each its first {max_length} tokens, SDPA "
             "attention, float32. First-token attn and top-1 attn: mean over layers, heads and query "
             "positions "
@@ -112,8 +117,8 @@ def diagnose_comparison(
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=diagnose_comparison.__doc__)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=diagnose_comparison.__doc__)
     parser.add_argument("results", help="results folder of the summarization recipe (results/reproduce)")
     parser.add_argument("--out", required=True, help="folder for the diagnostics and DIAGNOSTICS.md")
     parser.add_argument("--max-inputs", type=int, default=8)
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{name}: weights recreated (largest relative training-loss difference {difference:.2g})"
                 )
-        print(diagnose_comparison(args.results, args.out, args.max_inputs, args.max_length))
+        print(diagnose_comparison(args.results, args.out, args.max_inputs, args.max_length, prog))
     except (ValueError, OSError) as err:
         print(f"diagnosis: error: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@ weights are missing with the results folder's saved config (same data, seed and 
 check that each training loss curve equals the saved one (then the weights are the run's), and move the
 weights into `<run>/model`.
 
-    python -m hf_gate_attention.recipes.summarization.recreate results/reproduce [RUN ...]
+    hf-gate-attention recipe summarization recreate results/reproduce [RUN ...]
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from pathlib import Path
 
 from ...files import read_json
 from ...offline import resolve_model
-from .compare import load_data, train_all
+from ..common.run_dir import CONFIG_FILE, check_run_dir, claim_run_dir
+from ..common.summaries.pipeline import load_data, train_all
+from ..common.training import TRAIN_SUMMARY_FILE, load_tokenizer
 from .config import RecipeConfig
-from .files import CONFIG_FILE, check_run_dir, claim_run_dir
-from .train import TRAIN_SUMMARY_FILE, load_tokenizer, train_run
+from .models import train_run
 
 # the largest relative difference of a step's training loss between a recreated run and the saved one that
 # still counts as the same training (CPU kernels may reorder sums between machines)
@@ -100,8 +101,8 @@ def recreate_weights(
     return differences
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=recreate_weights.__doc__)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=recreate_weights.__doc__)
     parser.add_argument("results", help="results folder of the summarization recipe (results/reproduce)")
     parser.add_argument("runs", nargs="*", metavar="RUN", help="only these runs (default: every run)")
     parser.add_argument("--scratch", default="logs/recreate", help="where the runs are retrained")

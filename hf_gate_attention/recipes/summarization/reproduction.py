@@ -12,7 +12,8 @@ from pathlib import Path
 from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
 from ...files import read_json
 from ...formatting import gate_label
-from .report import markdown_table, report_main, rouge_deltas
+from ..common.reports import report_main
+from ..common.summaries.report import markdown_table, rouge_deltas
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"

@@ -5,7 +5,8 @@
     write_model_card("results/demo/output-headwise/model", results="results/demo", repo_id="me/smollm2-gated")
 
 The card is rendered from the checkpoint folder (gate config, parameter counts from the safetensors headers)
-and, when given, the summarization recipe's results folder (training setup, ROUGE with CIs, deltas, speed).
+and, when given, a recipe's results folder, which the recipe describes (`results.RecipeResults`: training
+setup, evaluation, limitations, metadata; the recipes register their describers, the card knows none).
 Every number comes from those files. The template is `templates/gated_model_card.md` (`string.Template`:
 `${name}` fields, `$$` for a literal dollar); `inputs` reads the folders, `metadata` and `sections` render
 the parts.
@@ -22,13 +23,13 @@ from huggingface_hub import ModelCard
 from ...files import atomic_write_text
 from .inputs import read_checkpoint, read_results
 from .metadata import base_model_id, card_metadata, is_hub_id, license_of
+from .results import RecipeResults, describe_results, register_results_describer
 from .sections import (
     NO_RESULTS,
     evaluation_section,
     gate_section,
     gate_summary,
     limitations,
-    shown,
     training_section,
     usage_without,
 )
@@ -36,15 +37,15 @@ from .sections import (
 __all__ = [
     "NO_RESULTS",
     "TEMPLATE",
+    "RecipeResults",
     "read_checkpoint",
     "read_results",
+    "register_results_describer",
     "render_model_card",
     "write_model_card",
 ]
 
 TEMPLATE = ("templates", "gated_model_card.md")
-# The source article's claims on long-document summarization (shared/reference/claims.md): Rouge-L +3.2 %,
-# inference speed +18 %. The paper itself reports no summarization results.
 PACKAGE_URL = "https://github.com/hf-gate-attention/hf-gate-attention"
 
 
@@ -60,9 +61,9 @@ def render_model_card(
 
     Args:
         folder: checkpoint folder; its config.json must hold a `gate_attention` entry.
-        results (*optional*): results folder of the summarization recipe (`comparison.json`,
-            `<run>/metrics.json`) this checkpoint was evaluated in. Without it the card says that no results
-            were recorded.
+        results (*optional*): results folder of a recipe (`comparison.json`, `<run>/metrics.json`) this
+            checkpoint was evaluated in, described by its recipe (registered on `import
+            hf_gate_attention.recipes`). Without it the card says that no results were recorded.
         run (*optional*): the run of `results` this checkpoint is; defaults to the single gated run with the
             checkpoint's gate config.
         base_model, datasets (*optional*): Hub ids for the metadata; by default the recipe's model (or
@@ -71,25 +72,22 @@ def render_model_card(
     """
     folder = Path(folder)
     ckpt = read_checkpoint(folder)
-    res = None if results is None else read_results(results, ckpt["gate"], run)
-    recipe = res and res["config"]
+    res = None if results is None else describe_results(read_results(results, ckpt["gate"], run), ckpt)
+    model = res and res.model
     repo_id = repo_id or _default_name(folder)
-    base_model = base_model or base_model_id(ckpt["config"], recipe)
+    base_model = base_model or base_model_id(ckpt["config"], model)
     datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
-    if not datasets and recipe and is_hub_id(recipe["dataset"]):
-        datasets = [recipe["dataset"]]
+    if not datasets and res and is_hub_id(res.dataset):
+        datasets = [res.dataset]
     name = repo_id.split("/")[-1]
-    metadata = card_metadata(ckpt, res, base_model, datasets, name, license_of(folder, recipe))
+    metadata = card_metadata(ckpt, res, base_model, datasets, name, license_of(folder, model))
     gate = ckpt["gate"]
     what = f"`{base_model}`" if base_model else f"A `{ckpt['config'].get('model_type')}` model"
     summary = (
         f"{what} with **gated attention** added by [hf-gate-attention]({PACKAGE_URL}): {gate_summary(gate)}."
     )
     if res is not None:
-        summary += (
-            f" Fine-tuned for long-document summarization on {shown(recipe['dataset'])} and compared with "
-            "an ungated baseline trained the same way."
-        )
+        summary += f" {res.summary}"
     template = resources.files(__package__).joinpath(*TEMPLATE).read_text(encoding="utf-8")
     text = string.Template(template).substitute(
         metadata=metadata.to_yaml(),

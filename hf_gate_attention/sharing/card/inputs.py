@@ -96,7 +96,8 @@ def _gate_label(gate: dict | None) -> str:
 
 
 def read_results(results: str | Path, gate: GateConfig, run: str | None = None) -> dict:
-    """This checkpoint's run, the baseline and the config in a results folder of the summarization recipe.
+    """This checkpoint's run, the baseline and the config in a recipe's results folder (`comparison.json` with
+    a row `{run, gate, ...}` per run, `<run>/metrics.json`).
 
     `run` defaults to the single gated run whose gate equals `gate`; `ValueError` names
     the runs when none or several match, or when `run` is missing, the baseline, or has another gate.
@@ -105,8 +106,8 @@ def read_results(results: str | Path, gate: GateConfig, run: str | None = None) 
     comparison = read_json(results / "comparison.json")
     if comparison is None:
         raise ValueError(
-            f"{results} has no comparison.json: it is not a finished results folder of the summarization "
-            f"recipe (found: {_listing(results)})"
+            f"{results} has no comparison.json: it is not a finished results folder of a recipe (found: "
+            f"{_listing(results)})"
         )
     rows = comparison["runs"]
     runs = ", ".join(f"{r['run']!r} ({_gate_label(r['gate'])})" for r in rows)

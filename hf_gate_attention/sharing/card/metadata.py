@@ -7,8 +7,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCardData, metadata_load
 
-from ...formatting import ROUGE_LABELS
 from ...known_models import HUB_ALIASES
+from .results import RecipeResults
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _PIPELINES = {
@@ -25,11 +25,10 @@ def is_hub_id(name) -> bool:
     return isinstance(name, str) and bool(_HUB_ID.match(name)) and not Path(name).exists()
 
 
-def base_model_id(config: dict, recipe: dict | None) -> str | None:
-    """The Hub id the checkpoint derives from: the recipe's model (offline copies map to their Hub id),
-    else `_name_or_path` when it looks like a Hub id."""
+def base_model_id(config: dict, model: str | None) -> str | None:
+    """The Hub id the checkpoint derives from: the model the recipe trained (offline copies map to their Hub
+    id), else `_name_or_path` when it looks like a Hub id."""
     hub_ids = {short: hub for hub, short in HUB_ALIASES.items()}
-    model = recipe and recipe.get("model")
     if model in hub_ids:
         return hub_ids[model]
     for name in (model, config.get("_name_or_path")):
@@ -38,9 +37,9 @@ def base_model_id(config: dict, recipe: dict | None) -> str | None:
     return None
 
 
-def license_of(folder: Path, recipe: dict | None) -> str | None:
+def license_of(folder: Path, model: str | None) -> str | None:
     """A license stated in the folder's existing README.md, or in a local base model folder's README.md."""
-    for candidate in (folder, Path((recipe or {}).get("model") or folder)):
+    for candidate in (folder, Path(model or folder)):
         readme = candidate / "README.md"
         if candidate.is_dir() and readme.is_file():
             found = (metadata_load(readme) or {}).get("license")
@@ -50,7 +49,7 @@ def license_of(folder: Path, recipe: dict | None) -> str | None:
 
 
 def _dataset_id(name: str) -> str:
-    return name if is_hub_id(name) or name == "aclsum" else Path(name).name
+    return name if is_hub_id(name) else Path(name).name
 
 
 def architecture_suffix(config: dict) -> str:
@@ -59,33 +58,33 @@ def architecture_suffix(config: dict) -> str:
 
 
 def card_metadata(
-    ckpt: dict, res: dict | None, base_model, datasets, model_name: str, license_id
+    ckpt: dict, res: RecipeResults | None, base_model, datasets, model_name: str, license_id
 ) -> ModelCardData:
     gate, config = ckpt["gate"], ckpt["config"]
     tags = ["gated-attention", "hf-gate-attention", f"{gate.variant}-gate", config.get("model_type")]
     eval_results = None
     if res is not None:
-        tags.append("summarization")
-        dataset = datasets[0] if datasets else _dataset_id(res["config"]["dataset"])
+        tags += res.tags
+        dataset = datasets[0] if datasets else _dataset_id(res.dataset)
         eval_results = [
             EvalResult(
-                task_type="summarization",
-                task_name="Summarization",
+                task_type=res.task_type,
+                task_name=res.task_name,
                 dataset_type=dataset,
-                dataset_name={"aclsum": "ACLSum"}.get(dataset, dataset),
+                dataset_name=res.dataset_names.get(dataset, dataset),
                 dataset_split="test",
-                metric_type=rouge_type,
-                metric_name=f"{ROUGE_LABELS.get(rouge_type, rouge_type)} (F1 x100)",
-                metric_value=score["mean"],
+                metric_type=metric_type,
+                metric_name=metric_name,
+                metric_value=value,
             )
-            for rouge_type, score in res["run"]["rouge"].items()
+            for metric_type, metric_name, value in res.scores
         ]
     return ModelCardData(
         base_model=base_model,
         datasets=datasets or None,
         library_name="transformers",
         license=license_id,
-        metrics=["rouge"] if res is not None else None,
+        metrics=(res.metrics or None) if res is not None else None,
         pipeline_tag=_PIPELINES.get(architecture_suffix(config)),
         tags=[tag for tag in tags if tag],
         model_name=model_name if eval_results else None,

@@ -1,4 +1,5 @@
-"""Fine-tuning of one run (baseline or gated) with the Hugging Face `Trainer`: checkpoints and resume."""
+"""Training of one run with the Hugging Face `Trainer`, shared by the recipes: the gates' own learning rate,
+the training arguments of `TrainingKeys`, checkpoints and resume, the training summary."""
 
 from __future__ import annotations
 
@@ -6,48 +7,18 @@ import logging
 import shutil
 from pathlib import Path
 
-import datasets
 import torch
-from accelerate import PartialState
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-    set_seed,
-)
+from transformers import AutoTokenizer, Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
-from ...core.hooks import GATE_MODULE_NAME
-from ...core.patching import freeze_all_but_gates, gate_parameters, patch
+from ...core.patching import gate_parameters
 from ...files import atomic_write_json, read_json
-from .config import RecipeConfig, RunSpec
-from .data import DataCollatorForSummarization, build_example
+from .config import RunSpec
+from .distributed import distributed_state, on_cpu
 
 logger = logging.getLogger(__name__)
 
 TRAIN_SUMMARY_FILE = "train_summary.json"
-LORA_INSTALL = "pip install 'peft>=0.21'"
-
-
-def on_cpu() -> bool:
-    """Whether this machine has no accelerator (then DDP runs on CPU processes over gloo)."""
-    return torch.accelerator.current_accelerator() is None
-
-
-def distributed_state() -> PartialState:
-    """The process's distributed state (also on CPU-only machines, where accelerate needs `cpu=True`)."""
-    return PartialState(cpu=on_cpu())
-
-
-def patch_on_device(model, gate, backend: str):
-    """`patch(model, gate, backend=backend)` on the device this process trains on (where the Trainer would
-    move the model anyway), so that `backend="auto"` chooses for that device: on a GPU, the fused backends."""
-    device = distributed_state().device
-    if device.type != "cpu":
-        model.to(device)
-    return patch(model, gate, backend=backend)
 
 
 def load_tokenizer(model_path: str):
@@ -58,69 +29,12 @@ def load_tokenizer(model_path: str):
     return tokenizer
 
 
-def load_pretrained(config: RecipeConfig, model_path: str, run: RunSpec, dtype=torch.float32):
-    """The pretrained causal LM, patched with the run's gate (identity init: it still computes the same)."""
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=dtype, attn_implementation=config.attn_implementation
-    )
-    return patch_on_device(model, run.gate, config.backend) if run.gate is not None else model
-
-
-def build_trainable_model(config: RecipeConfig, model_path: str, run: RunSpec):
-    """The model of `run` with `config.train` applied: what requires grad is what gets trained.
-
-    `full` trains every weight; `gates` only the gates (nothing for the baseline); `gates+lora` LoRA adapters
-    on `lora_target_modules` plus the gates (kept trainable by PEFT through `modules_to_save`).
-    """
-    model = load_pretrained(config, model_path, run)
-    set_seed(config.seed)  # the same LoRA initialisation for every run, whatever patching drew
-    if config.train == "gates":
-        freeze_all_but_gates(model)
-    elif config.train == "gates+lora":
-        peft = import_peft()
-        lora = peft.LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_target_modules),
-            modules_to_save=[GATE_MODULE_NAME] if run.gate is not None else None,
-            task_type="CAUSAL_LM",
-        )
-        model = peft.get_peft_model(model, lora)
-    return model
-
-
-def import_peft():
-    try:
-        import peft
-    except ImportError as err:
-        raise ModuleNotFoundError(f"train='gates+lora' needs PEFT: {LORA_INSTALL}") from err
-    return peft
-
-
 def count_parameters(model) -> dict[str, int]:
     params = {id(p): p for p in model.parameters()}.values()
     return {
         "total": sum(p.numel() for p in params),
         "trainable": sum(p.numel() for p in params if p.requires_grad),
     }
-
-
-def training_features(split: datasets.Dataset, tokenizer, config: RecipeConfig) -> datasets.Dataset:
-    """Tokenized training examples (`input_ids`, `attention_mask`, `labels`) of a document/summary split."""
-
-    def encode(row):
-        return build_example(
-            tokenizer,
-            row["document"],
-            row["summary"],
-            config.doc_token_budget,
-            config.truncation,
-            config.max_summary_tokens,
-            config.instruction,
-        )
-
-    return split.map(encode, remove_columns=split.column_names, desc="Tokenizing")
 
 
 class GateLearningRateTrainer(Trainer):
@@ -152,7 +66,7 @@ class GateLearningRateTrainer(Trainer):
         return self.optimizer
 
 
-def training_arguments(config: RecipeConfig, checkpoint_dir: Path) -> TrainingArguments:
+def training_arguments(config, checkpoint_dir: Path) -> TrainingArguments:
     validate = config.eval_steps is not None
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
@@ -200,33 +114,14 @@ def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
     return None
 
 
-def training_budget(config: RecipeConfig) -> dict:
+def training_budget(config) -> dict:
     return {"max_steps": config.max_steps, "num_train_epochs": config.num_train_epochs}
 
 
-def is_trained(config: RecipeConfig, run: RunSpec) -> bool:
+def is_trained(config, run: RunSpec) -> bool:
     """Whether `run` finished training with the current budget (a resume may have extended it)."""
     summary = read_json(config.run_dir / run.name / TRAIN_SUMMARY_FILE)
     return summary is not None and summary["budget"] == training_budget(config)
-
-
-def train_run(
-    config: RecipeConfig,
-    run: RunSpec,
-    model_path: str,
-    tokenizer,
-    train_set: datasets.Dataset,
-    validation_set: datasets.Dataset | None,
-    callbacks: list[TrainerCallback] | None = None,
-) -> dict:
-    """Fine-tune `run`, save its final weights to `<run>/model` and return (and save) its training summary.
-
-    With `config.resume`, training continues from the last complete checkpoint in `<run>/checkpoints`. A run
-    without trainable parameters (the baseline under `train="gates"`) is not trained.
-    """
-    model = build_trainable_model(config, model_path, run)
-    collator = DataCollatorForSummarization(tokenizer.pad_token_id)
-    return train_model(config, run, model, collator, train_set, validation_set, callbacks)
 
 
 def train_model(

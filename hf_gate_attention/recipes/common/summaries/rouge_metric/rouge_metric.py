@@ -1,7 +1,7 @@
 """ROUGE F-measures as an `evaluate` metric, built on `rouge-score`; loads offline from its folder:
 
     import evaluate
-    rouge = evaluate.load("/path/to/hf_gate_attention/recipes/summarization/rouge_metric")
+    rouge = evaluate.load("/path/to/hf_gate_attention/recipes/common/summaries/rouge_metric")
 
 (`hf_gate_attention.recipes.summarization.ROUGE_METRIC_PATH` holds that path.) Self-contained on purpose:
 `evaluate` copies this file into its module cache, so it must not import the package it ships in.

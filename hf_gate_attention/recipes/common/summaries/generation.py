@@ -1,6 +1,5 @@
-"""Evaluation of a trained run: greedy summaries of the test split, ROUGE with bootstrap CIs, inference speed.
-
-(Not named `evaluate.py`: that would shadow the `evaluate` package.)
+"""Evaluation of a model that writes summaries: greedy summaries of the test split, ROUGE with bootstrap CIs,
+inference speed.
 
 Speed is measured on single prompts (batch 1) with a plain KV-cache loop, so that prefill (the prompt's
 forward pass) and decode (one token per forward pass) are timed apart and every model decodes the same number
@@ -15,53 +14,24 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Callable
 
 import datasets
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import GenerationConfig
 
-from ...memory import peak_growth_mib
-from ...sharing.loading import from_pretrained as load_gated
-from .config import RecipeConfig, RunSpec
+from ....memory import peak_growth_mib
+from ..inference import inference_device, interleaved_rounds
 from .data import DataCollatorForSummarization, build_prompt
 from .rouge import per_example_rouge, summarize_rouge
-from .train import import_peft, load_pretrained
 
 logger = logging.getLogger(__name__)
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def inference_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def inference_dtype(config: RecipeConfig) -> torch.dtype:
-    """bfloat16 / float16 when the run trained in that precision, else float32."""
-    return torch.bfloat16 if config.bf16 else torch.float16 if config.fp16 else torch.float32
-
-
-def load_trained_model(config: RecipeConfig, run: RunSpec, model_path: str):
-    """The model of `run` as trained (the pretrained one, patched, when it was not trained), in eval mode."""
-    final = config.run_dir / run.name / "model"
-    dtype = inference_dtype(config)
-    kwargs = {"dtype": dtype, "attn_implementation": config.attn_implementation}
-    if not final.is_dir():
-        model = load_pretrained(config, model_path, run, dtype)
-    elif config.train == "gates+lora":
-        base = load_pretrained(config, model_path, run, dtype)
-        model = import_peft().PeftModel.from_pretrained(base, str(final)).merge_and_unload()
-    elif run.gate is not None:
-        model = load_gated(str(final), AutoModelForCausalLM, backend=config.backend, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(final), **kwargs)
-    return model.to(inference_device()).eval()
-
-
-def generation_prompts(split: datasets.Dataset, tokenizer, config: RecipeConfig) -> list[list[int]]:
+def generation_prompts(split: datasets.Dataset, tokenizer, config) -> list[list[int]]:
     """Generation prompts (token ids) of a `document` split, built as for training."""
     budget, truncation, instruction = config.doc_token_budget, config.truncation, config.instruction
     return [
@@ -120,7 +90,7 @@ def rouge_with_ci(
 
 
 def evaluate_quality(
-    model, tokenizer, prompts: list[list[int]], references: list[str], config: RecipeConfig, run_name: str
+    model, tokenizer, prompts: list[list[int]], references: list[str], config, run_name: str
 ):
     """Summaries of the test prompts and their ROUGE against `references`."""
     predictions, seconds = generate_summaries(
@@ -192,16 +162,6 @@ def peak_memory_mb(model, input_ids: torch.Tensor, new_tokens: int) -> float:
         logger.warning("peak memory not measured: %s", error)
         return float("nan")
     return weights / 2**20 + growth
-
-
-def interleaved_rounds(names: list[str], rounds: int, time_round: Callable[[str], dict]) -> dict[str, list]:
-    """`{name: [time_round(name) for each round]}`, running the names in the order rotated by the round
-    number, so that a slow phase of a shared machine hits every model alike (shared by the recipes)."""
-    per_round = {name: [] for name in names}
-    for r in tqdm(range(rounds), desc="Timing (interleaved rounds)", unit="round"):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            per_round[name].append(time_round(name))
-    return per_round
 
 
 def interleaved_speed(

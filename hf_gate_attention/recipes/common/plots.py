@@ -1,4 +1,4 @@
-"""PNG plots of a comparison (matplotlib, Agg backend): loss curves, ROUGE bars with CIs, speed bars."""
+"""PNG plots of a comparison (matplotlib, Agg backend): loss curves, score bars with CIs, speed bars."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 
 from ...plotting import pyplot, save_figure
-from .report import ROUGE_LABELS
 
 
 def plot_loss_curves(log_histories: dict[str, list[dict]], path: Path) -> None:
@@ -35,12 +34,6 @@ def _error_bars(values: list[float], lows: list[float], highs: list[float]) -> n
     """Matplotlib `yerr` (2, n): distances from each value down to its low and up to its high."""
     values = np.asarray(values)
     return np.stack([values - np.asarray(lows), np.asarray(highs) - values])
-
-
-def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
-    """Grouped bars of mean ROUGE with bootstrap CIs; `rouge` is `{run: {type: {mean, low, high}}}`."""
-    title = f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)"
-    plot_scores(rouge, ROUGE_LABELS, "F1 x100", title, path)
 
 
 def plot_scores(scores: dict[str, dict], labels: dict[str, str], ylabel: str, title: str, path: Path) -> None:

@@ -1,16 +1,11 @@
-"""Results folder of a comparison: the "does this folder hold a different run?" check.
+"""Results folder of a recipe's run: the "does this folder hold a different run?" check, and its claim.
 
-Layout of `<output_dir>/<name>/`:
+Layout of `<output_dir>/<name>/` shared by the fine-tuning recipes (each recipe adds its tables and plots):
 
-    config.json                      the RecipeConfig of the run (identity of the folder)
-    comparison.md / .csv / .json     the comparison table
-    loss_curves.png, rouge.png, speed.png
+    config.json                      the recipe's config (identity of the folder)
     <run>/checkpoints/checkpoint-N/  Trainer checkpoints (resume)
-    <run>/model/                     final weights (or LoRA adapter + gates)
+    <run>/model/                     final weights
     <run>/train_summary.json         written when training finished
-    <run>/quality.json               ROUGE of the test summaries, written when generation finished
-    <run>/predictions.jsonl          generated summaries
-    <run>/metrics.json               everything about the run: training, ROUGE with CIs, speed, deltas
 """
 
 from __future__ import annotations
@@ -18,12 +13,13 @@ from __future__ import annotations
 import shutil
 
 from ...files import atomic_write_json, read_json
-from .config import RESUMABLE_KEYS, RecipeConfig, identity_differences
+from .config import RESUMABLE_KEYS, RecipeConfigBase, identity_differences
+from .distributed import distributed_state
 
 CONFIG_FILE = "config.json"
 
 
-def check_run_dir(config: RecipeConfig) -> None:
+def check_run_dir(config: RecipeConfigBase) -> None:
     """Refuse (`FileExistsError`) a results folder that holds something else than what `config` asks for.
 
     Accepted: a missing or empty folder; any folder with `overwrite`; with `resume`, a folder holding the same
@@ -52,9 +48,19 @@ def check_run_dir(config: RecipeConfig) -> None:
         )
 
 
-def claim_run_dir(config: RecipeConfig) -> None:
+def claim_run_dir(config: RecipeConfigBase) -> None:
     """Empty the folder when `overwrite`, create it and save the config (main process, after the check)."""
     if config.overwrite and config.run_dir.exists():
         shutil.rmtree(config.run_dir)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(config.run_dir / CONFIG_FILE, config.to_dict())
+
+
+def claim_on_main(config: RecipeConfigBase) -> None:
+    """`claim_run_dir` by the main process of a distributed launch (or the single process), the others
+    waiting until it is done."""
+    state = distributed_state()
+    state.wait_for_everyone()
+    if state.is_main_process:
+        claim_run_dir(config)
+    state.wait_for_everyone()

@@ -1,16 +1,15 @@
-"""Runs vs the baseline: ROUGE deltas with paired bootstrap CIs, speed ratios, Markdown and CSV tables."""
+"""Runs vs the baseline: ROUGE deltas with paired bootstrap CIs, speed ratios, Markdown and CSV tables, the
+ROUGE plot."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from ...files import atomic_write_text
-from ...formatting import comparison_csv, gate_label, score_with_ci, signed, table
-from .rouge import ROUGE_TYPES, paired_bootstrap_delta
+from ....formatting import comparison_csv, gate_label, score_with_ci, signed, table
+from ..plots import plot_scores
+from ..statistics import paired_bootstrap_delta
+from .rouge import ROUGE_TYPES
 
 # short column labels of the report's wide tables
 ROUGE_LABELS = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "rougeLsum": "R-Lsum"}
@@ -118,24 +117,7 @@ def csv_table(rows: list[dict], extra_columns: tuple[str, ...] = ()) -> str:
     return comparison_csv(rows, "rouge", ROUGE_TYPES, deltas, speed, RATIO_KEYS, extra_columns)
 
 
-def report_main(
-    argv: list[str] | None, module: str, build: Callable[[str, str], str], default_out: str
-) -> int:
-    """The command line of a report module: `python -m <module> RESULTS [--out FILE]` writes
-    `build(RESULTS, command)` to FILE (atomically; `command` is the line that wrote it, for the report to
-    name); 2 with a one-line error when the results folder is missing or incomplete."""
-    name = Path(default_out).name
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {module}", description=f"Write {name} from a results folder."
-    )
-    parser.add_argument("results", help="results folder of the comparison")
-    parser.add_argument("--out", default=default_out, help="Markdown file to write")
-    args = parser.parse_args(argv)
-    command = f"python -m {module} {args.results} --out {args.out}"
-    try:
-        atomic_write_text(Path(args.out), build(args.results, command))
-    except (OSError, ValueError, KeyError) as error:
-        print(f"{module}: error: {error}", file=sys.stderr)
-        return 2
-    print(f"Wrote {args.out}")
-    return 0
+def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:
+    """Grouped bars of mean ROUGE with bootstrap CIs; `rouge` is `{run: {type: {mean, low, high}}}`."""
+    title = f"ROUGE on the test split ({100 * confidence:g} % bootstrap CI)"
+    plot_scores(rouge, ROUGE_LABELS, "F1 x100", title, path)

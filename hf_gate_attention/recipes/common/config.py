@@ -1,0 +1,191 @@
+"""The config every recipe shares: `RecipeConfigBase` (where the results go, how this invocation runs, the
+compared runs), `RunSpec`, the training keys of the fine-tuning recipes, and what `--resume` may change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...core.backends import backend_names
+from ...core.config import GateConfig
+from .config_files import from_mapping
+
+# Keys that say where a run lives or how this invocation behaves; never part of a run's identity.
+INVOCATION_KEYS = ("name", "output_dir", "overwrite", "resume", "backend")
+# Keys that `--resume` may change: they extend the training budget or only touch bookkeeping.
+RESUMABLE_KEYS = (
+    "runs",  # only by appending new runs
+    "max_steps",
+    "num_train_epochs",
+    "save_steps",
+    "save_total_limit",
+    "logging_steps",
+    "eval_steps",
+)
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One model of a comparison: a name (its results subfolder) and its gate (`None`: the baseline)."""
+
+    name: str
+    gate: GateConfig | None = None
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.gate is None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "gate": None if self.gate is None else self.gate.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunSpec:
+        if not isinstance(data, dict):
+            raise ValueError(f"each entry of `runs` must be a mapping {{name, gate}}, got {data!r}")
+        unknown = sorted(set(data) - {"name", "gate"})
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown} in run {data!r}; a run has the keys: name, gate")
+        name = data.get("name")
+        if not isinstance(name, str) or not RUN_NAME.match(name):
+            raise ValueError(f"run name {name!r} is not valid: use letters, digits, '.', '_' or '-'")
+        gate = data.get("gate")
+        if gate is not None and not isinstance(gate, dict):
+            raise ValueError(
+                f"run {name!r}: `gate` must be null (baseline) or a GateConfig mapping, got {gate!r}"
+            )
+        return cls(name, None if gate is None else GateConfig.from_dict(gate))
+
+
+def check_shared_keys(config) -> None:
+    """The checks every recipe's config shares: `name` (a folder name), `runs` (at least one, unique names,
+    at most one ungated baseline) and `backend`; `ValueError` naming what is wrong and what is accepted."""
+    if not RUN_NAME.match(config.name):
+        raise ValueError(f"name={config.name!r} is not valid: use letters, digits, '.', '_' or '-'")
+    names = [r.name for r in config.runs]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"`runs` must list at least one model, with unique names; got {names}")
+    if sum(r.is_baseline for r in config.runs) > 1:
+        raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
+    if config.backend not in backend_names():
+        raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(backend_names())}")
+
+
+def baseline_and_headwise() -> list[RunSpec]:
+    """The default comparison: the ungated baseline and the article's output headwise gate."""
+    return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
+
+
+@dataclass
+class RecipeConfigBase:
+    """The keys every recipe's config has, and what goes with them: the results folder
+    `<output_dir>/<name>/`, the ungated (or reference) run, and the dict form that `config.json` saves.
+
+    A recipe's config is a dataclass deriving from this one (listed first among its bases, so that these keys
+    come after the `TrainingKeys` in the saved config); it sets its own `name` default and, for runs of
+    another kind than `RunSpec`, `run_class` and `runs`. `__post_init__` reads the runs, then calls
+    `_validate`.
+
+        name (`str`): the results folder is `<output_dir>/<name>/`.
+        output_dir (`str`, defaults to `"results"`): parent folder of the results folders.
+        overwrite (`bool`): delete what `<output_dir>/<name>/` holds and start over.
+        resume (`bool`): continue the run in `<output_dir>/<name>/` (finished trainings kept, interrupted ones
+            restart from their last checkpoint; only `RESUMABLE_KEYS` may change).
+        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
+        runs (`list`): the compared models.
+    """
+
+    run_class: ClassVar[type] = RunSpec
+
+    name: str = "demo"
+    output_dir: str = "results"
+    overwrite: bool = False
+    resume: bool = False
+    backend: str = "auto"
+    runs: list[RunSpec] = field(default_factory=baseline_and_headwise)
+
+    def __post_init__(self):
+        self.runs = [r if isinstance(r, self.run_class) else self.run_class.from_dict(r) for r in self.runs]
+        self._validate()
+
+    def _validate(self) -> None:
+        check_shared_keys(self)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    @property
+    def baseline(self):
+        """The run the others are compared with (`is_baseline`), or `None`."""
+        return next((r for r in self.runs if r.is_baseline), None)
+
+    def to_dict(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["runs"] = [r.to_dict() for r in self.runs]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "config"):
+        """Build from a mapping whose values may be strings (command line) or typed (YAML/JSON)."""
+        return from_mapping(cls, data, source)
+
+    def replace(self, **changes):
+        """A copy with some keys changed (checked like a new config)."""
+        return type(self).from_dict({**self.to_dict(), **changes})
+
+
+@dataclass
+class TrainingKeys:
+    """The training keys every fine-tuning recipe's config has (as in `transformers.TrainingArguments`;
+    `warmup_steps` < 1 is a ratio of the total steps; `gate_learning_rate` is the gates' own rate, `None`:
+    `learning_rate`); a recipe redeclares a field to change its default. Read by
+    `training.training_arguments`."""
+
+    learning_rate: float = 5e-5
+    gate_learning_rate: float | None = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: float = 0.1
+    lr_scheduler_type: str = "linear"
+    num_train_epochs: float = 1.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 1
+    per_device_eval_batch_size: int = 1
+    gradient_accumulation_steps: int = 1
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    logging_steps: int = 1
+    eval_steps: int | None = None
+    save_steps: int = 50
+    save_total_limit: int | None = 1
+    ddp_backend: str | None = None
+
+
+def _saved_runs(runs: list[dict]) -> list[dict]:
+    """Runs of a saved config as the current version writes them (older gate fields read by `from_saved`);
+    runs without a `gate` (another recipe's runs, such as the distillation's) are compared as saved."""
+    return [
+        RunSpec(run["name"], None if run["gate"] is None else GateConfig.from_saved(run["gate"])).to_dict()
+        if "gate" in run
+        else run
+        for run in runs
+    ]
+
+
+def identity_differences(saved: dict, current: RecipeConfigBase, allowed: tuple[str, ...] = ()) -> list[str]:
+    """Keys (beyond `INVOCATION_KEYS` and `allowed`) whose values differ in a saved config and `current`.
+
+    `runs` is compared as the current version writes it; with `"runs"` in `allowed` the current runs may
+    extend the saved ones (new runs appended at the end, the saved ones unchanged)."""
+    now = json.loads(json.dumps(current.to_dict()))
+    saved = {**saved, "runs": _saved_runs(saved.get("runs") or [])}
+    if "runs" in allowed and now["runs"][: len(saved["runs"])] == saved["runs"]:
+        now["runs"] = saved["runs"]
+    keys = sorted((set(saved) | set(now)) - set(INVOCATION_KEYS) - (set(allowed) - {"runs"}))
+    return [key for key in keys if saved.get(key) != now.get(key)]

@@ -1,1 +1,0 @@
-"""From-scratch pretraining study: `python -m recipes.pretraining --config <file> [--key value ...]`."""

@@ -1,1 +1,0 @@
-"""Long-document summarization recipe: `python -m recipes.summarization --config <file> [--key value ...]`."""

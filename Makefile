@@ -27,7 +27,7 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m hf_gate_attention recipe summarization --config recipes/summarization/configs/demo.yaml --resume
 
-# The article's claims, 4 runs, <= 2.5 h on 2 CPU cores, then results/REPRODUCTION.md with the verdicts;
+# The article's claims, 8 runs, ~4 h on 2 CPU cores, then results/REPRODUCTION.md with the verdicts;
 # rerunning continues where it stopped.
 reproduce: install
 	$(PY) -m hf_gate_attention recipe summarization --config recipes/summarization/configs/reproduce.yaml --resume

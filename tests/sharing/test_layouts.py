@@ -9,12 +9,23 @@ compute the forward pass as the paper's and Qwen3-Next's code do.
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
-import transformers
 from helpers import tiny_model
+from layout_references import (
+    GROUP,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    KV_HEADS,
+    LAYERS,
+    VOCAB,
+    causal_attention,
+    rms_norm,
+    rope,
+    rotate,
+)
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 
@@ -32,8 +43,6 @@ from hf_gate_attention.sharing.layouts import (
 from hf_gate_attention.sharing.loading import load_model
 from hf_gate_attention.sharing.statistics import checkpoint_statistics
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, LAYERS, VOCAB = 32, 4, 2, 8, 2, 99
-GROUP = HEADS // KV_HEADS
 INPUT_IDS = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
 PAPER_CASES = [
     (granularity, qkv_bias, use_qk_norm)
@@ -131,39 +140,11 @@ def _write_checkpoint(folder, config: dict, tensors: dict):
     return folder
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on `x: (B, T, heads, D)` with `cos, sin: (B, T, D)` (rotate_half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, :, None] + rotated * sin[:, :, None]
-
-
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention, `q: (B, T, H, D)`, `k, v: (B, T, KV, D)` -> `(B, T, H, D)`; GQA by repetition."""
-    k, v = (t.repeat_interleave(q.shape[2] // t.shape[2], dim=2) for t in (k, v))  # (B, T, H, D)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    causal = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()
-    weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
-    return torch.einsum("bhqk,bkhd->bqhd", weights, v)
-
-
-def _rope(length: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`cos, sin: (1, T, D)` of positions 0..T-1."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM)
-    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None]  # (T, D/2)
-    angles = torch.cat([freqs, freqs], dim=-1)[None]  # (1, T, D)
-    return angles.cos(), angles.sin()
-
-
 def _paper_reference_logits(config: dict, t: dict, input_ids: torch.Tensor) -> torch.Tensor:
     """The paper's Qwen3 forward (github qiuzh20/gated_attention, modeling_qwen3.py) from its formulas."""
     batch, length = input_ids.shape
     gate_width = 1 if config["headwise_attn_output_gate"] else HEAD_DIM
-    cos, sin = _rope(length)
+    cos, sin = rope(length)
     x = t["model.embed_tokens.weight"][input_ids]
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
@@ -171,7 +152,7 @@ def _paper_reference_logits(config: dict, t: dict, input_ids: torch.Tensor) -> t
         def linear(name, inputs, prefix=prefix):
             return F.linear(inputs, t[prefix + name + ".weight"], t.get(prefix + name + ".bias"))
 
-        h = _rms_norm(x, t[prefix + "input_layernorm.weight"])
+        h = rms_norm(x, t[prefix + "input_layernorm.weight"])
         q = linear("self_attn.q_proj", h).view(batch, length, KV_HEADS, -1)  # per group: [G*D | G*w]
         q, gate = q.split([GROUP * HEAD_DIM, GROUP * gate_width], dim=-1)
         gate = gate.reshape(batch, length, HEADS, gate_width)
@@ -179,13 +160,13 @@ def _paper_reference_logits(config: dict, t: dict, input_ids: torch.Tensor) -> t
         k = linear("self_attn.k_proj", h).view(batch, length, KV_HEADS, HEAD_DIM)
         v = linear("self_attn.v_proj", h).view(batch, length, KV_HEADS, HEAD_DIM)
         if config["use_qk_norm"]:
-            q = _rms_norm(q, t[prefix + "self_attn.q_norm.weight"])
-            k = _rms_norm(k, t[prefix + "self_attn.k_norm.weight"])
-        out = _causal_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v) * torch.sigmoid(gate)
+            q = rms_norm(q, t[prefix + "self_attn.q_norm.weight"])
+            k = rms_norm(k, t[prefix + "self_attn.k_norm.weight"])
+        out = causal_attention(rotate(q, cos, sin), rotate(k, cos, sin), v) * torch.sigmoid(gate)
         x = x + linear("self_attn.o_proj", out.reshape(batch, length, HEADS * HEAD_DIM))
-        h = _rms_norm(x, t[prefix + "post_attention_layernorm.weight"])
+        h = rms_norm(x, t[prefix + "post_attention_layernorm.weight"])
         x = x + linear("mlp.down_proj", F.silu(linear("mlp.gate_proj", h)) * linear("mlp.up_proj", h))
-    x = _rms_norm(x, t["model.norm.weight"])
+    x = rms_norm(x, t["model.norm.weight"])
     return F.linear(x, t.get("lm_head.weight", t["model.embed_tokens.weight"]))
 
 
@@ -407,123 +388,6 @@ def test_split_and_pack_are_inverse(layout):
     query, gate = split_q_proj(packed, layout, HEADS, KV_HEADS, HEAD_DIM, granularity=granularity)
     assert query.shape == (HEADS * HEAD_DIM, HIDDEN)
     assert torch.equal(pack_q_proj(query, gate, layout, HEADS, KV_HEADS, HEAD_DIM), packed)
-
-
-# ---- Qwen3-Next attention layers ------------------------------------------------------------------------
-
-
-def _qwen3_next_config(**overrides):
-    keys = {
-        "hidden_size": HIDDEN,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "partial_rotary_factor": 1.0,
-        "rms_norm_eps": 1e-6,
-        "num_hidden_layers": 1,
-        "layer_types": ["full_attention"],
-        **overrides,
-    }
-    config = transformers.Qwen3NextConfig(**keys)
-    config._attn_implementation = "eager"
-    return config
-
-
-def _qwen3_next_layer(attention_bias: bool):
-    """transformers' Qwen3NextAttention with random weights, norms bfloat16-representable (exact 1 + w)."""
-    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
-    config = _qwen3_next_config(attention_bias=attention_bias)
-    torch.manual_seed(7)
-    layer = modeling.Qwen3NextAttention(config, layer_idx=0).eval()
-    with torch.no_grad():
-        for name, param in layer.named_parameters():
-            scale = 0.1 if "norm" in name else 0.2
-            param.copy_((torch.randn(param.shape) * scale).bfloat16().float())
-    return config, layer
-
-
-def _qwen3_block(attention_bias: bool):
-    model = patch(
-        tiny_model("qwen3", attention_bias=attention_bias),
-        GateConfig(granularity="elementwise", init="paper"),
-    )
-    return model, model.model.layers[0].self_attn
-
-
-def _layer_inputs(model):
-    hidden = torch.randn(2, 6, HIDDEN, generator=torch.Generator().manual_seed(11))
-    position_embeddings = model.model.rotary_emb(hidden, torch.arange(6)[None])
-    mask = torch.full((6, 6), torch.finfo(torch.float32).min).triu(1)[None, None]  # (1, 1, T, T) additive
-    return hidden, position_embeddings, mask
-
-
-def _qwen3_next_reference(state: dict, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Qwen3-Next full attention from its formulas: q_proj(x).view(B, T, H, 2D).chunk(2) -> [q_h | g_h],
-    zero-centred q/k norms x * (1 + w), RoPE, attention, then attn_out * sigmoid(gate) before o_proj."""
-    batch, length, _ = hidden.shape
-
-    def linear(name, inputs):
-        return F.linear(inputs, state[f"{name}.weight"], state.get(f"{name}.bias"))
-
-    q, gate = linear("q_proj", hidden).view(batch, length, HEADS, 2 * HEAD_DIM).chunk(2, dim=-1)
-    k = linear("k_proj", hidden).view(batch, length, KV_HEADS, HEAD_DIM)
-    v = linear("v_proj", hidden).view(batch, length, KV_HEADS, HEAD_DIM)
-    q = _rms_norm(q, 1 + state["q_norm.weight"])
-    k = _rms_norm(k, 1 + state["k_norm.weight"])
-    out = _causal_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v) * torch.sigmoid(gate)
-    return linear("o_proj", out.reshape(batch, length, HEADS * HEAD_DIM))
-
-
-@pytest.mark.parametrize("attention_bias", [False, True])
-def test_qwen3_next_layer_computes_the_same_as_transformers(attention_bias):
-    next_config, layer = _qwen3_next_layer(attention_bias)
-    model, block = _qwen3_block(attention_bias)
-    state = {key: tensor.detach() for key, tensor in layer.state_dict().items()}
-    block.load_state_dict(qwen3_next_attention_to_ours(state, next_config, model.config), strict=True)
-    hidden, position_embeddings, mask = _layer_inputs(model)
-    with torch.no_grad():
-        expected, _ = layer(hidden, position_embeddings, mask)
-        ours, _ = block(hidden, position_embeddings, mask)
-    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(
-        ours, _qwen3_next_reference(state, hidden, *position_embeddings), rtol=1e-5, atol=1e-5
-    )
-
-
-@pytest.mark.parametrize("attention_bias", [False, True])
-def test_qwen3_next_round_trips_are_bit_exact(attention_bias):
-    next_config, layer = _qwen3_next_layer(attention_bias)
-    model, block = _qwen3_block(attention_bias)
-    state = {key: tensor.detach() for key, tensor in layer.state_dict().items()}
-    there = qwen3_next_attention_to_ours(state, next_config, model.config)
-    back = ours_to_qwen3_next_attention(there, model.config, next_config)
-    assert back.keys() == state.keys() and all(torch.equal(back[key], state[key]) for key in state)
-    ours = {key: tensor.detach() for key, tensor in block.state_dict().items()}
-    for norm in ("q_norm.weight", "k_norm.weight"):
-        ours[norm] = 1 + (torch.randn(HEAD_DIM) * 0.1).bfloat16().float()
-    if not attention_bias:
-        ours["attn_gate.bias"] = torch.zeros(HEADS * HEAD_DIM)
-    again = qwen3_next_attention_to_ours(
-        ours_to_qwen3_next_attention(ours, model.config, next_config), next_config, model.config
-    )
-    assert again.keys() == ours.keys() and all(torch.equal(again[key], ours[key]) for key in ours)
-
-
-def test_qwen3_next_refuses_what_does_not_match():
-    model = tiny_model("qwen3")
-    config, layer = _qwen3_next_layer(False)
-    state = layer.state_dict()
-    partial = _qwen3_next_config(partial_rotary_factor=0.25)
-    with pytest.raises(ValueError, match=r"partial_rotary_factor 0.25 \(Qwen3-Next\) != 1.0"):
-        qwen3_next_attention_to_ours(state, partial, model.config)
-    with pytest.raises(ValueError, match=r"head_dim 16 \(Qwen3-Next\) != 8"):
-        qwen3_next_attention_to_ours(state, _qwen3_next_config(head_dim=16), model.config)
-    with pytest.raises(ValueError, match="the target model_type is 'llama', not 'qwen3'"):
-        qwen3_next_attention_to_ours(state, config, tiny_model("llama").config)
-    ours = qwen3_next_attention_to_ours(state, config, model.config)
-    ours["attn_gate.bias"] = torch.ones(HEADS * HEAD_DIM)
-    with pytest.raises(ValueError, match="the gate bias is nonzero but attention_bias is false"):
-        ours_to_qwen3_next_attention(ours, model.config, config)
 
 
 # ---- command line ---------------------------------------------------------------------------------------

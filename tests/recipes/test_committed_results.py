@@ -61,7 +61,6 @@ def test_the_recipe_command_writes_the_report_naming_itself(action, build, resul
 @pytest.mark.parametrize(
     "module",
     [
-        "recipes.summarization",  # results/REPRODUCTION.md's GPU command
         "hf_gate_attention.recipes.summarization.reproduction",
         "hf_gate_attention.recipes.summarization.diagnosis",  # results/diagnostics/DIAGNOSTICS.md
         "hf_gate_attention.recipes.distillation.report",

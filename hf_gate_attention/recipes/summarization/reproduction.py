@@ -17,7 +17,7 @@ from ..common.summaries.report import markdown_table, rouge_deltas
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
-    "    -m recipes.summarization --config recipes/summarization/configs/gpu.yaml"
+    "    -m hf_gate_attention recipe summarization --config recipes/summarization/configs/gpu.yaml"
 )
 
 

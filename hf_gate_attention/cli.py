@@ -35,8 +35,8 @@ def _parse_layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer indices such as 0,1,5; got {text!r}") from None
 
 
-# how a GateConfig field is read from the command line, where `str` (with its choices) is not the answer
-_PARSERS = {"top_k": int, "layers": _parse_layers}
+# how a GateConfig field is read from the command line, by its annotation (`str` with its choices otherwise)
+_PARSERS = {"int": int, "int | None": int, "tuple[int, ...] | None": _parse_layers}
 
 
 def _add_gate_options(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def _add_gate_options(parser: argparse.ArgumentParser) -> None:
     for option in dataclasses.fields(GateConfig):
         parser.add_argument(
             f"--{option.name.replace('_', '-')}",
-            type=_PARSERS.get(option.name, str),
+            type=_PARSERS.get(str(option.type), str),
             choices=option.metadata.get("choices"),
             default=option.default,
             help=option.metadata["help"],

@@ -239,9 +239,11 @@ def test_cli_patch_has_an_option_for_every_gate_config_field(tiny_llama, tmp_pat
         assert f"--{field.name.replace('_', '-')}" in text and field.metadata["help"][:20] in text
     out = tmp_path / "sparse"
     argv = ["patch", str(tiny_llama), str(out), "--top-k", "1", "--top-k-unit", "kv_group", "--init", "paper"]
-    assert main(argv) == 0
+    assert main([*argv, "--top-k-sink", "2", "--top-k-window", "8", "--layers", "0,1"]) == 0
     model = hf_gate_attention.from_pretrained(str(out))
-    expected = GateConfig(top_k=1, top_k_unit="kv_group", init="paper")
+    expected = GateConfig(
+        top_k=1, top_k_unit="kv_group", init="paper", top_k_sink=2, top_k_window=8, layers=(0, 1)
+    )
     assert hf_gate_attention.gate_config_of(model) == expected
     with pytest.raises(SystemExit) as exit_info:
         main(["patch", str(tiny_llama), str(tmp_path / "x"), "--top-k-unit", "group"])

@@ -214,8 +214,7 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, selection,
             scale=scaling,
             enable_gqa=True,
         )[0, :, 0]  # (H, D)
-        dropped = torch.tensor([not kept for kept in kept_heads], device=out.device)
-        out = torch.where(dropped[:, None], window_out, out)
+        out = torch.where(keep.reshape(-1, 1) == 0, window_out, out)  # (H, D): dropped heads read the window
         kept_heads = [True] * num_heads  # every head has an output: the output projection needs them all
     block_patch.stash["kept_heads"] = kept_heads
     return apply_gate(out.view(1, 1, -1), gate).unflatten(-1, (num_heads, -1)), None

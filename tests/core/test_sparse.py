@@ -158,7 +158,7 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group")
     prompt = tiny_inputs("llama", batch=batch, length=10)["input_ids"]
-    _decode_step_with_nan_outside(model, prompt, read_positions=[], poison_projections=batch == 1)
+    _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[], poison_projections=batch == 1)
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -169,10 +169,12 @@ def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch):
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
     prompt = tiny_inputs("llama", batch=batch, length=12)["input_ids"]
-    _decode_step_with_nan_outside(model, prompt, read_positions=[0, 1, 9, 10])
+    _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, 9, 10])
 
 
-def _decode_step_with_nan_outside(model, prompt, read_positions: list[int], poison_projections=False):
+def _assert_decode_step_ignores_nan_outside(
+    model, prompt, read_positions: list[int], poison_projections=False
+):
     """Decode the last token of `prompt` after the others, then again with NaN in the cache of the groups
     the step dropped except at `read_positions` (and in the dropped heads' query rows and output columns
     when `poison_projections`): the logits must be identical and finite."""

@@ -16,7 +16,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest
 import torch
 import transformers
-from helpers import tiny_inputs, tiny_model
+from helpers import first_output, tiny_inputs, tiny_model
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
@@ -193,8 +193,8 @@ def test_decode_refuses_gradients_long_queries_and_bad_lengths():
 GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}  # 3 groups of 2 heads
 
 
-def _gated_llama(backend: str, variant: str = "output", reads: dict | None = None, **options):
-    model = tiny_model("llama", **GQA)
+def _gated_llama(backend: str, variant: str = "output", reads: dict | None = None, bare=False, **options):
+    model = tiny_model("llama", bare=bare, **GQA)
     torch.manual_seed(7)  # the same gate weights on both backends
     config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group", **(reads or {}))
     return patch(model, config, backend=backend, **options)
@@ -350,15 +350,17 @@ def test_streaming_decode_reads_only_the_sink_and_window_of_dropped_groups():
     assert torch.equal(out, clean)
 
 
-def test_training_with_sink_and_window_reads_on_triton_equals_torch():
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
+def test_training_with_sink_and_window_reads_on_triton_equals_torch(bare):
     """Forward and backward on backend "triton" with `top_k_sink`/`top_k_window` (prefill and training run
-    SDPA twice there): logits and every parameter's gradient equal the torch reference's."""
+    SDPA twice there): outputs and every parameter's gradient equal the torch reference's."""
     inputs = _padded_prompt(11)
     real = inputs["attention_mask"].bool()
     results = []
     for backend, options in (("torch", {"sparse": False}), ("triton", {})):
-        model = _gated_llama(backend, reads={"top_k_sink": 1, "top_k_window": 4}, **options).train()
-        logits = model(**inputs).logits
+        reads = {"top_k_sink": 1, "top_k_window": 4}
+        model = _gated_llama(backend, reads=reads, bare=bare, **options).train()
+        logits = first_output(model(**inputs))
         logits[real].square().mean().backward()
         grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
         results.append((logits.detach()[real], grads))

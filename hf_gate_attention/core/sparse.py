@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from .gate import apply_gate
 from .hooks import BLOCK_PATCHES, GATE_MODULE_NAME
-from .streaming import allowed_keys, is_causal, streaming_keys
+from .streaming import allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
 from .variants import GATE_VARIANTS, names_where
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
@@ -110,18 +110,34 @@ def sparse_attention_forward(
     heads_per_group = num_heads // num_groups
     causal = is_causal(module, kwargs, query_length)
     gate_module = block_patch._gate()
+    one_token = batch * query_length == 1 and not kwargs.get("output_attentions")
     streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
+    reads = None  # or what every head gives reading only those keys, (B, L, H, D)
     if gate_module.dropped_reads_keys:
-        allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-        streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
-    if batch * query_length == 1 and not kwargs.get("output_attentions"):
+        sink, window = gate_module.top_k_sink, gate_module.top_k_window
+        allowed = None  # (B or 1, 1, L, S) bool; without a mask, the blocked path needs none
+        if attention_mask is not None or one_token:
+            allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
+        if not one_token:
+            reads = blocked_streaming_attention(
+                query, key, value, allowed, causal, sink, window, scaling, dropout
+            )
+        if reads is None:
+            if allowed is None:
+                allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
+            streaming = streaming_keys(allowed, sink, window)
+        else:
+            reads = reads.transpose(1, 2)
+    if one_token:
         selection = (gate, keep, streaming)
         return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
     kept_by_group = keep.unflatten(-1, (num_groups, heads_per_group))  # (B, L, KV, n)
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
     dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
-    if all(count == query_length for counts in rows_per_group for count in counts) and streaming is None:
+    # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
+    # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
+    if all(2 * count > query_length for counts in rows_per_group for count in counts) and streaming is None:
         attended, _ = sdpa_attention_forward(
             module,
             query,
@@ -133,7 +149,7 @@ def sparse_attention_forward(
             is_causal=causal,
             **kwargs,
         )  # (B, L, H, D)
-        return apply_gate(attended.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
+        return _gated(attended, keep, reads, gate)
     out = query.new_zeros(batch, query_length, num_heads, value.shape[-1])
 
     def attend(b: int, g: int, rows, mask, is_causal: bool, positions=None):
@@ -164,7 +180,7 @@ def sparse_attention_forward(
             heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
             count = rows_per_group[b][g]
             if count > 0:  # otherwise no query row of this sequence keeps a head of group g
-                rows = None if count == query_length else group_rows[b, :, g].nonzero().squeeze(1)
+                rows = None if 2 * count > query_length else group_rows[b, :, g].nonzero().squeeze(1)
                 mask = _mask_rows(attention_mask, b, rows, query_length, key_length, causal)
                 out[b, slice(None) if rows is None else rows, heads] = attend(b, g, rows, mask, causal)
             if streaming is None:
@@ -176,7 +192,16 @@ def sparse_attention_forward(
                 window = attend(b, g, rows, mask[..., positions], False, positions)  # (r, n, D)
                 kept = kept_by_group[b, rows, g].unsqueeze(-1) > 0  # (r, n, 1)
                 out[b, rows, heads] = torch.where(kept, out[b, rows, heads], window)
-    return apply_gate(out.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
+    return _gated(out, keep, reads, gate)
+
+
+def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | None, gate: torch.Tensor):
+    """`attended: (B, L, H, D)`, where `keep: (B, L, H)` drops a head its `reads` (same shape) if any, gated
+    -> `((B, L, H, D), None)`, the attention function's return."""
+    if reads is not None:
+        attended = torch.where(keep.unsqueeze(-1) > 0, attended, reads)
+    num_heads = attended.shape[-2]
+    return apply_gate(attended.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
 
 
 def _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .gate import apply_gate
 from .hooks import BLOCK_PATCHES
@@ -57,6 +58,94 @@ def streaming_keys(allowed: torch.Tensor, sink: int, window: int) -> torch.Tenso
     allows nothing, a padding query's, stays empty)."""
     seen = allowed.cumsum(-1)  # (..., S) rank of each allowed key in its row
     return allowed & ((seen <= sink) | (seen > seen[..., -1:] - window))
+
+
+def _row_bounds(allowed: torch.Tensor | None, length: int, key_length: int, causal: bool, device):
+    """First key and key count of each query row, each `(B', L)` int32, and whether every row is that
+    interval (no holes) starting at its sequence's first key, a 0-dim bool tensor. `allowed: (B', L, S)`
+    bool, or `None`: every key, or with `causal` the keys up to the query's own (at `S - L + i`)."""
+    if allowed is None:
+        first = torch.zeros(1, length, dtype=torch.int32, device=device)
+        count = torch.arange(key_length - length + 1, key_length + 1, dtype=torch.int32, device=device)
+        count = count[None] if causal else torch.full_like(first, key_length)
+        return first, count, torch.tensor(True, device=device)
+    as_bytes = allowed.view(torch.uint8)
+    count = as_bytes.sum(-1, dtype=torch.int32)  # (B', L)
+    first = as_bytes.argmax(-1).to(torch.int32)  # (B', L) 0 for a row that sees nothing
+    last = key_length - 1 - as_bytes.flip(-1).argmax(-1).to(torch.int32)  # (B', L)
+    seen = count > 0
+    sequence_first = torch.where(seen, first, key_length).amin(-1, keepdim=True)  # (B', 1)
+    fits = ~seen | ((last - first + 1 == count) & (first == sequence_first))
+    return first, count, fits.all()
+
+
+def _gather_keys(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`tensor: (B, KV, S, D)` at `positions: (B or 1, *P)` (clamped to the cache) -> `(B, KV, *P, D)`."""
+    batch, num_groups, length, head_dim = tensor.shape
+    index = positions.clamp(0, length - 1).flatten(1)[:, None, :, None]  # (B', 1, P, 1)
+    index = index.expand(batch, num_groups, -1, head_dim)
+    return tensor.gather(2, index).view(batch, num_groups, *positions.shape[1:], head_dim)
+
+
+def blocked_streaming_attention(
+    query, key, value, allowed, causal: bool, sink: int, window: int, scaling=None, dropout=0.0
+):
+    """Attention of every query row to its streaming keys only (the first `sink` and the last `window` keys
+    of its row of `allowed`) without an `(L, S)` pass per head: equal to SDPA with `streaming_keys(allowed,
+    sink, window)` as its mask, except that rows that see nothing give 0.
+
+    Query (B, H, L, D), key/value (B, KV, S, D), allowed bool (B or 1, 1, L, S) or `None` (`causal` says
+    which keys; see `_row_bounds`) -> (B, H, L, D); `None` where this does not apply (then use the mask):
+    the reads cover most keys, or a row is not an interval of keys starting at its sequence's first key.
+    Rows go in blocks of `block`: a block's rows read the sequence's `sink` first keys and one slice of
+    `block + window` keys ending at the block's last key, so the work is `L * (sink + block + window)`
+    instead of `L * S`. Causal, padding, static-cache and bidirectional masks qualify; sliding-window rows
+    past the window do not."""
+    batch, num_heads, length, head_dim = query.shape
+    num_groups, key_length = key.shape[1], key.shape[2]
+    block = max(window, 8)
+    if sink + block + window >= key_length:
+        return None
+    rows_allowed = None if allowed is None else allowed[:, 0]
+    first, count, fits = _row_bounds(rows_allowed, length, key_length, causal, query.device)  # (B', L) x2, ()
+    mask_batch, blocks = first.shape[0], -(-length // block)
+    pad = blocks * block - length
+
+    def by_block(rows: torch.Tensor) -> torch.Tensor:  # (B', L) -> (B', nb, c)
+        return F.pad(rows, (0, pad)).view(mask_batch, blocks, block)
+
+    seen, last = by_block(count > 0), by_block(first + count - 1)  # last < first for a row that sees nothing
+    block_end = torch.where(seen, last, -1).amax(-1, keepdim=True)  # (B', nb, 1) the block's last key
+    block_start = torch.where(seen, last, key_length).amin(-1, keepdim=True)  # (B', nb, 1)
+    fits, sees_all = torch.stack([fits & (block_end - block_start < block).all(), seen.all()]).tolist()
+    if not fits:  # one host sync above
+        return None
+    # each block reads [sink keys | its window slice]: (B', nb, s + T) positions, valid per row (B', nb, c, .)
+    slice_keys = block_end - (block + window) + 1 + torch.arange(block + window, device=query.device)
+    sink_keys = first.amax(-1)[:, None, None] + torch.arange(sink, device=query.device)  # (B', 1, s)
+    positions = torch.cat([sink_keys.expand(-1, blocks, -1), slice_keys], -1)  # (B', nb, s + T)
+    in_sink = torch.arange(sink + block + window, device=query.device) < sink  # (s + T,)
+    first, last = by_block(first)[..., None], last[..., None]  # (B', nb, c, 1) each
+    positions_ = positions[:, :, None]  # (B', nb, 1, s + T)
+    valid = (positions_ <= last) & torch.where(
+        in_sink, positions_ >= first, (positions_ > last - window) & (positions_ >= first + sink)
+    )  # (B', nb, c, s + T): the sink in the row's keys, the window's keys after the sink
+    heads_per_group = num_heads // num_groups
+    rows = query.unflatten(1, (num_groups, heads_per_group)).transpose(2, 3)  # (B, KV, L, n, D)
+    rows = F.pad(rows, (0, 0, 0, 0, 0, pad)) if pad else rows  # (B, KV, Lp, n, D)
+    rows = rows.reshape(batch, num_groups, blocks, block * heads_per_group, head_dim)  # rows (c, n)
+    block_keys, block_values = (_gather_keys(t, positions) for t in (key, value))  # (B, KV, nb, s + T, D)
+    scale = head_dim**-0.5 if scaling is None else scaling
+    scores = (rows @ (block_keys * scale).transpose(-1, -2)).unflatten(3, (block, heads_per_group))
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in float32 at least
+    valid = valid[:, None, :, :, None]  # (B', 1, nb, c, 1, s + T) against scores (B, KV, nb, c, n, s + T)
+    probs = scores.masked_fill(~valid, torch.finfo(scores.dtype).min).softmax(-1)
+    if not sees_all:  # a row that sees nothing gives 0
+        probs = probs * valid.any(-1, keepdim=True)
+    probs = F.dropout(probs, dropout) if dropout > 0 else probs
+    out = probs.flatten(3, 4).to(value.dtype) @ block_values  # (B, KV, nb, c*n, D)
+    out = out.view(batch, num_groups, -1, heads_per_group, head_dim)[:, :, :length]  # (B, KV, L, n, D)
+    return out.transpose(2, 3).reshape(batch, num_heads, length, head_dim)
 
 
 def streaming_attention_forward(

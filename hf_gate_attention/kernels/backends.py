@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
 from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
-from ..core.streaming import streaming_keys
+from ..core.streaming import blocked_streaming_attention, streaming_keys
 from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
 from .reference import sigmoid_gate, visible_keys
@@ -184,19 +184,35 @@ def streaming_attention(
     query, key, value, gate_logits, gate_scale, keep, causal, key_padding_mask, sm_scale, kv_length, **reads
 ):
     """Gated attention whose dropped heads read their sink and window keys (`gated_attention_reference` with
-    `top_k_sink`/`top_k_window`) on SDPA: every head attends twice, to the keys it sees and to the streaming
-    ones, and each query row takes the first where it keeps the head. For prefill and training (the
-    split-KV kernel serves decode); rows without a visible key give 0. Returns `(B, L, H, D)`."""
-    batch, _, length, _ = query.shape
-    visible = visible_keys(batch, length, key.shape[2], causal, key_padding_mask, kv_length, query.device)
-    reads = streaming_keys(visible, reads["top_k_sink"], reads["top_k_window"])  # (B, 1, L, S)
+    `top_k_sink`/`top_k_window`) on SDPA: every head attends to the keys it sees and, blocked
+    (`blocked_streaming_attention`), to its streaming ones, and each query row takes the first where it keeps
+    the head. For prefill and training (the split-KV kernel serves decode); rows without a visible key give
+    0. Returns `(B, L, H, D)`."""
+    batch, length, keys = query.shape[0], query.shape[2], key.shape[2]
+    sink, window = reads["top_k_sink"], reads["top_k_window"]
+    plain = key_padding_mask is None and kv_length is None and (not causal or length == keys)
+    visible = None  # (B, 1, L, S) bool, built only where needed
+    if not plain:
+        visible = visible_keys(batch, length, keys, causal, key_padding_mask, kv_length, query.device)
 
     def attend(mask: torch.Tensor) -> torch.Tensor:  # a row that sees nothing attends to all, then gives 0
-        mask = mask | ~mask.any(-1, keepdim=True)
-        return F.scaled_dot_product_attention(query, key, value, mask, scale=sm_scale, enable_gqa=True)
+        seen = mask.any(-1, keepdim=True)
+        out = F.scaled_dot_product_attention(query, key, value, mask | ~seen, scale=sm_scale, enable_gqa=True)
+        return out * seen
 
+    if plain:  # no mask: the vendor kernels' causal path
+        full = F.scaled_dot_product_attention(
+            query, key, value, is_causal=causal, scale=sm_scale, enable_gqa=True
+        )
+    else:
+        full = attend(visible)
+    dropped = blocked_streaming_attention(query, key, value, visible, causal, sink, window, sm_scale)
+    if dropped is None:
+        if visible is None:
+            visible = visible_keys(batch, length, keys, causal, None, None, query.device)
+        dropped = attend(streaming_keys(visible, sink, window))  # (B, H, L, D)
     kept = keep.transpose(1, 2).unsqueeze(-1) > 0  # (B, H, L, 1)
-    out = torch.where(kept, attend(visible), attend(reads)) * visible.any(-1, keepdim=True)  # (B, H, L, D)
+    out = torch.where(kept, full, dropped)  # (B, H, L, D)
     return out.transpose(1, 2) * sigmoid_gate(gate_logits, gate_scale, None).to(out.dtype)
 
 

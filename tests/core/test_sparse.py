@@ -36,6 +36,7 @@ SELECTIONS = {
     "top3-head": {"top_k": 3, "top_k_unit": "head"},
     "top1-kv_group-sink2-window3": {"top_k": 1, "top_k_unit": "kv_group", "top_k_sink": 2, "top_k_window": 3},
     "top2-head-window4": {"top_k": 2, "top_k_unit": "head", "top_k_window": 4},
+    "top1-kv_group-sink1-window2": {"top_k": 1, "top_k_unit": "kv_group", "top_k_sink": 1, "top_k_window": 2},
 }
 
 
@@ -83,6 +84,25 @@ def test_sparse_matches_masked_forward_and_backward(bare, architecture, variant,
     for name, grad in grads.items():  # float32 rounding relative to the gradient's size (up to ~300 here)
         scale = max(1.0, expected_grads[name].abs().max().item())
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5 * scale, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("selection", "blocked"), [("top1-kv_group-sink1-window2", True), ("top1-kv_group-sink2-window3", False)]
+)
+def test_prefill_reads_run_blocked_unless_they_cover_most_keys(monkeypatch, selection, blocked):
+    """The 13-token prefill of the matrix above: with sink 1 + window 2 every layer's dropped heads read
+    through `blocked_streaming_attention` (8-row blocks, 1 + 8 + 2 keys < 13); with sink 2 + window 3 they
+    read through the mask (2 + 8 + 3 keys is not fewer than 13)."""
+    results = []
+    blocked_reads = sparse.blocked_streaming_attention
+    monkeypatch.setattr(
+        sparse, "blocked_streaming_attention", lambda *a: results.append(blocked_reads(*a)) or results[-1]
+    )
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    patch(model, GateConfig(init="paper", **SELECTIONS[selection]), backend="torch", sparse=True)
+    with torch.no_grad():
+        model(**_inputs("llama"))
+    assert len(results) == 2 and all((out is not None) == blocked for out in results)
 
 
 def _selections(model, inputs) -> tuple[list[torch.Tensor], torch.Tensor]:

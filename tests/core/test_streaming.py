@@ -48,6 +48,93 @@ def test_allowed_keys_follow_the_mask_or_causality():
     assert streaming.allowed_keys(None, 2, 4, False, "cpu").all()
 
 
+def _masks(kind: str, batch: int, length: int, keys: int) -> torch.Tensor | None:
+    """`allowed (B, 1, L, S)` of a mask kind; the causal ones put query `i` at key `S - L + i` (static: at
+    `7 + i`, the later slots unfilled) and left-pad sequence `b` by `(0, 5, 11)[b]` keys."""
+    key_at = torch.arange(keys)
+    padding = key_at >= torch.tensor([0, 5, 11][:batch])[:, None, None]  # (B, 1, S)
+    query_at = (
+        torch.arange(keys - length, keys)[:, None]
+        if kind != "static"
+        else torch.arange(7, 7 + length)[:, None]
+    )
+    causal = key_at <= query_at  # (L, S)
+    masks = {
+        "causal": causal & padding,
+        "static": causal & padding,
+        "bidirectional": padding.expand(batch, length, keys),
+        "sliding": causal & (key_at > query_at - 13) & padding,
+        "holes": (causal & (key_at % 5 != 2))[None],
+    }
+    return masks[kind].unsqueeze(1)
+
+
+def _by_mask(query, key, value, allowed, sink: int, window: int) -> torch.Tensor:
+    """What `blocked_streaming_attention` computes, with the `(L, S)` mask of `streaming_keys`."""
+    reads = streaming.streaming_keys(allowed, sink, window)
+    seen = reads.any(-1, keepdim=True)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, reads | ~seen, enable_gqa=True)
+    return out * seen
+
+
+BLOCKED_CASES = [
+    # (mask, batch, heads, groups, queries, keys, sink, window): odd lengths, 1 to 4 heads per group
+    ("causal", 3, 6, 3, 37, 37, 2, 3),
+    ("causal", 2, 4, 4, 29, 45, 0, 9),  # queries after a cache
+    ("static", 3, 4, 1, 50, 61, 4, 5),
+    ("bidirectional", 2, 8, 2, 40, 40, 3, 0),
+    ("causal", 1, 4, 2, 1, 30, 2, 3),
+    ("causal", 2, 2, 1, 70, 70, 1, 16),  # several blocks of 16
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "batch", "heads", "groups", "queries", "keys", "sink", "window"),
+    BLOCKED_CASES,
+    ids=[f"{c[0]}-B{c[1]}-H{c[2]}-KV{c[3]}-L{c[4]}-S{c[5]}-sink{c[6]}-window{c[7]}" for c in BLOCKED_CASES],
+)
+def test_blocked_reads_equal_the_masked_reads_forward_and_backward(
+    kind, batch, heads, groups, queries, keys, sink, window
+):
+    """The blocked streaming attention against SDPA with the `(L, S)` mask, float64, on fresh random inputs:
+    output and the gradients of query, key and value; rows that see nothing (left padding) give 0."""
+    generator = torch.Generator().manual_seed(queries * keys + sink)
+    shapes = [(batch, heads, queries, 16), (batch, groups, keys, 16), (batch, groups, keys, 16)]
+    inputs = [
+        torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True) for shape in shapes
+    ]
+    allowed = _masks(kind, batch, queries, keys)
+    out = streaming.blocked_streaming_attention(*inputs, allowed, True, sink, window, scaling=0.3)
+    assert out is not None
+    query, key, value = inputs  # SDPA's default scale is 16**-0.5
+    expected = _by_mask(query * 0.3 * 16**0.5, key, value, allowed, sink, window)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-12)
+    sees_nothing = ~allowed.any(-1, keepdim=True)  # (B, 1, L, 1): padding queries before their sequence
+    assert torch.equal(out * sees_nothing, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocked_reads_without_a_mask_follow_causality(causal):
+    generator = torch.Generator().manual_seed(int(causal))
+    query, key, value = (torch.randn(2, 4, 33, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    allowed = streaming.allowed_keys(None, 33, 33, causal, "cpu")
+    out = streaming.blocked_streaming_attention(query, key, value, None, causal, 2, 5)
+    torch.testing.assert_close(out, _by_mask(query, key, value, allowed, 2, 5), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("kind", "sink", "window"), [("holes", 2, 3), ("sliding", 2, 3), ("causal", 20, 9)])
+def test_blocked_reads_leave_other_masks_to_the_mask(kind, sink, window):
+    """Rows with holes, sliding-window rows whose sink moves, and reads covering most keys: `None`."""
+    query, key, value = torch.randn(2, 4, 37, 8), torch.randn(2, 2, 37, 8), torch.randn(2, 2, 37, 8)
+    allowed = _masks(kind, 2, 37, 37)
+    assert streaming.blocked_streaming_attention(query, key, value, allowed, True, sink, window) is None
+
+
 def _logits(model, config: GateConfig, inputs: dict, sparse=None) -> torch.Tensor:
     torch.manual_seed(7)  # the same gate weights for every config of the same shape
     patch(model, config, backend="torch", sparse=sparse)

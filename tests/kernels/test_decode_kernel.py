@@ -350,11 +350,13 @@ def test_streaming_decode_reads_only_the_sink_and_window_of_dropped_groups():
     assert torch.equal(out, clean)
 
 
+@pytest.mark.parametrize("length", [11, 24], ids=["masked-reads", "blocked-reads"])
 @pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
-def test_training_with_sink_and_window_reads_on_triton_equals_torch(bare):
+def test_training_with_sink_and_window_reads_on_triton_equals_torch(bare, length):
     """Forward and backward on backend "triton" with `top_k_sink`/`top_k_window` (prefill and training run
-    SDPA twice there): outputs and every parameter's gradient equal the torch reference's."""
-    inputs = _padded_prompt(11)
+    SDPA, and the reads blocked where 1 + 8 + 4 keys are fewer than the prompt's): outputs and every
+    parameter's gradient equal the torch reference's."""
+    inputs = _padded_prompt(length)
     real = inputs["attention_mask"].bool()
     results = []
     for backend, options in (("torch", {"sparse": False}), ("triton", {})):

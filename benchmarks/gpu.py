@@ -8,7 +8,10 @@ backend of `--backends` (named `gate:backend`). One model instance is patched an
 a case that raises (e.g. a backend not available yet) is logged as `error: <message>` and the run goes on.
 Phases:
 
-- `prefill`: a no-grad forward of `--prefill-len` tokens (batch 1, no KV cache, last logits only);
+- `prefill`: a no-grad forward of `--prefill-len` tokens (batch 1, no KV cache, last logits only); this
+  phase and `train` also time, for each k of `--phase-top-ks` (2), `output/headwise` with `top_k=k` of the
+  key/value groups on `triton`, zeroed and with `top_k_sink=4, top_k_window=64`, as time / dense gated
+  (`output/headwise:fused_gate`) against `SPARSE_PHASE_DENSE_LIMIT` (issue 23: <= 1.05);
 - `train`: one step on `--train-len` tokens (batch 1, `model.train()`, gradient on every parameter): forward
   with labels, backward, `zero_grad(set_to_none=True)`; no optimizer step, so the weights stay fixed and the
   memory compares activations and gradients. Peak memory: `torch.cuda.max_memory_allocated` after resetting it
@@ -127,7 +130,8 @@ def cell(row: dict, key: str) -> str:
 
 MODEL_COLUMNS = {"case": "case", "resolved": "resolved_backend", "batch": "batch"}
 MODEL_COLUMNS.update({"first call s": "first_call_s", "median ms": "median_ms", "tokens/s": "tokens_per_s"})
-MODEL_COLUMNS.update({"time ratio [min, max]": "ratio", "peak GiB": "peak_gib"})
+MODEL_COLUMNS.update({"time ratio [min, max]": "ratio", "time vs dense gated [min, max]": "dense_ratio"})
+MODEL_COLUMNS.update({"peak GiB": "peak_gib"})
 MODEL_COLUMNS.update(
     {"memory ratio [min, max]": "memory_ratio", "graph vs eager max abs diff": "graph_max_abs_diff"}
 )
@@ -256,6 +260,14 @@ def main() -> None:
         nargs="*",
         default=[1, 2],
         help="sparse_decode: kept groups of the cases whose dropped groups read 4 sink + 64 window keys",
+    )
+    parser.add_argument(
+        "--phase-top-ks",
+        type=int,
+        nargs="*",
+        default=[2],
+        help="prefill and train: also top-k of the key/value groups on triton, zeroed and with 4 sink + 64 "
+        "window reads, against the dense gate",
     )
     parser.add_argument("--sparse-steps", type=int, default=32, help="sparse_decode: steps per measurement")
     parser.add_argument("--layers", type=int, default=16)

@@ -53,7 +53,7 @@ def run_prefill(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
         model.eval()
         return {"s": bench.timed(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))}
 
-    results = bench.interleaved("prefill", run, deadline)
+    results = bench.interleaved("prefill", run, deadline, [*bench.cases, *bench.phase_cases])
     return bench.rows("prefill", args.prefill_len, 1, results, args.prefill_len)
 
 
@@ -76,7 +76,7 @@ def run_train(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
         seconds = bench.timed(step)
         return {"s": seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else math.nan}
 
-    results = bench.interleaved("train", run, deadline)
+    results = bench.interleaved("train", run, deadline, [*bench.cases, *bench.phase_cases])
     model.eval()
     return bench.rows("train", args.train_len, 1, results, args.train_len)
 

@@ -9,8 +9,11 @@ then the gate.
 
 - Decode (one query per sequence): each sequence of the batch reads only the KV cache of the groups it keeps;
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache.
-- Prefill and training: the kept query rows of each group are gathered, with their rows of the causal,
-  padding or sliding-window mask; gradients flow through the gather like through the masked reference.
+- Prefill and training: a group that more than half the rows keep runs on all rows (one SDPA call for the
+  layer when every group does); otherwise the kept query rows of each group are gathered, with their rows of
+  the causal, padding or sliding-window mask. Gradients flow through the gather like through the masked
+  reference. With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
+  (`streaming.blocked_streaming_attention`), or through their mask where it does not apply.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
   heads (variant `output`: its gate, computed from the projection's input, comes first) and the output
   projection only their columns (`prepare_block`; plain `nn.Linear` projections only).

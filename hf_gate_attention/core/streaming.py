@@ -7,9 +7,11 @@ or sliding-window mask), like DuoAttention's streaming heads, and its output is 
 filled static cache (the window ends at the query's own position) need nothing special.
 
 This module is the readable reference (backend `torch` with `sparse=False`, and on CUDA): every head attends
-twice, once to all its keys and once to the streaming ones, and each query row takes the first where it keeps
-the head. `sparse.py` computes the same while reading only what is kept (at decode, a dropped group reads its
-sink and window keys only). Needs only torch and transformers: it ships as remote code with `hooks.py`.
+twice, once to all its keys and once to the streaming ones through their `(L, S)` mask, and each query row
+takes the first where it keeps the head. `blocked_streaming_attention` computes the second attention without
+that mask, in blocks of rows (for prefill and training of `sparse.py` and the Triton backend); `sparse.py`
+computes the rest while reading only what is kept (at decode, a dropped group reads its sink and window keys
+only). Needs only torch and transformers: it ships as remote code with `hooks.py`.
 """
 
 from __future__ import annotations

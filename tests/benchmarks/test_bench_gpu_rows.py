@@ -142,3 +142,35 @@ def test_sparse_decode_cases_with_sink_and_window_reads():
     args = SimpleNamespace(device="cpu", gates=[], backends=[], top_ks=[1], reads_top_ks=[2], rounds=1)
     gate, backend = Bench(model, args).sparse_cases["output/headwise top-2 sink 4 + window 64:triton"]
     assert backend == "triton" and (gate["top_k"], gate["top_k_sink"], gate["top_k_window"]) == (2, 4, 64)
+
+
+def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
+    """`--phase-top-ks 2`: prefill times top-2 zeroed and with sink + window reads beside the dense gate;
+    their time / dense gated per round is judged against 1.05, not the dense gates' targets."""
+    zeroed, reads = "output/headwise top-2:triton", "output/headwise top-2 sink 4 + window 64:triton"
+    model = SimpleNamespace(eval=lambda: None, zero_grad=lambda **_: None)
+    model.config = SimpleNamespace(num_key_value_heads=8)
+    args = SimpleNamespace(
+        device="cpu", gates=["output/headwise"], backends=["fused_gate"], top_ks=[], phase_top_ks=[2]
+    )
+    args.rounds, args.prefill_len = 2, 8
+    bench = Bench(model, args)
+    assert bench.phase_cases[reads][0]["top_k_window"] == 64 and bench.phase_cases[zeroed][1] == "triton"
+    seconds = {
+        BASELINE: [9, 1.0, 1.0],
+        SPARSE_DENSE: [9, 1.1, 1.0],
+        zeroed: [9, 1.1, 1.2],
+        reads: [9, 1.2, 1.0],
+    }
+    monkeypatch.setattr(bench, "set_case", lambda case: setattr(bench, "case", case))
+    monkeypatch.setattr(bench, "timed", lambda fn: seconds[bench.case].pop(0))
+    monkeypatch.setattr(bench, "tokens", lambda batch, length: None)
+    rows = {row["case"]: row for row in gpu_phases.run_prefill(bench, math.inf)}
+    assert list(rows) == [BASELINE, SPARSE_DENSE, zeroed, reads]
+    assert (rows[SPARSE_DENSE]["ratio"], rows[SPARSE_DENSE]["status"]) == (pytest.approx(1.05), "MISS")
+    assert "dense_ratio" not in rows[SPARSE_DENSE]
+    # zeroed: 1.1 / 1.1 and 1.2 / 1.0; reads: 1.2 / 1.1 and 1.0 / 1.0 (rounds rotate, times follow the case)
+    assert rows[zeroed]["dense_ratio"] == pytest.approx(1.1) and rows[zeroed]["dense_status"] == "MISS"
+    assert rows[reads]["dense_ratio"] == pytest.approx((1.2 / 1.1 + 1.0) / 2)
+    assert (rows[reads]["dense_target"], rows[reads]["dense_status"]) == ("<= 1.05", "pass")
+    assert "status" not in rows[zeroed] and rows[zeroed]["ratio"] == pytest.approx(1.15)

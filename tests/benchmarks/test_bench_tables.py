@@ -8,6 +8,7 @@ from pathlib import Path
 
 import decode
 import overhead
+import pytest
 
 RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
 
@@ -23,10 +24,11 @@ def read_rows(path: Path, integers: set[str], texts: set[str]) -> list[dict]:
     return rows
 
 
-def test_decode_markdown_is_the_committed_one():
+@pytest.mark.parametrize("name", ["decode", "decode_sink_window", "sparse_prefill_train"])
+def test_decode_markdown_is_the_committed_one(name):
     texts = {"phase", "case", "torch", "transformers", "cpu", "command"}
-    rows = read_rows(RESULTS / "decode.csv", {"tokens", "rounds", "decode_steps"}, texts)
-    committed = (RESULTS / "decode.md").read_text()
+    rows = read_rows(RESULTS / f"{name}.csv", {"tokens", "rounds", "decode_steps"}, texts)
+    committed = (RESULTS / f"{name}.md").read_text()
     assert rows[0]["command"] in committed.splitlines()[0]
     assert decode.markdown(rows, committed.splitlines()[0]) == committed
 

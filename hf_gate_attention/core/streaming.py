@@ -98,7 +98,8 @@ def blocked_streaming_attention(
 
     Query (B, H, L, D), key/value (B, KV, S, D), allowed bool (B or 1, 1, L, S) or `None` (`causal` says
     which keys; see `_row_bounds`) -> (B, H, L, D); `None` where this does not apply (then use the mask):
-    the reads cover most keys, or a row is not an interval of keys starting at its sequence's first key.
+    the reads cover most keys, fewer query rows than a block (decode steps, which then read nothing but
+    their sink and window keys), or a row is not an interval of keys starting at its sequence's first key.
     Rows go in blocks of `block`: a block's rows read the sequence's `sink` first keys and one slice of
     `block + window` keys ending at the block's last key, so the work is `L * (sink + block + window)`
     instead of `L * S`. Causal, padding, static-cache and bidirectional masks qualify; sliding-window rows
@@ -106,7 +107,7 @@ def blocked_streaming_attention(
     batch, num_heads, length, head_dim = query.shape
     num_groups, key_length = key.shape[1], key.shape[2]
     block = max(window, 8)
-    if sink + block + window >= key_length:
+    if sink + block + window >= key_length or length < block:
         return None
     rows_allowed = None if allowed is None else allowed[:, 0]
     first, count, fits = _row_bounds(rows_allowed, length, key_length, causal, query.device)  # (B', L) x2, ()

@@ -181,15 +181,16 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[], poison_projections=batch == 1)
 
 
+@pytest.mark.parametrize("length", [12, 30])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch):
-    """The same with `top_k_sink=2, top_k_window=3` and a 12-token prompt: NaN in every cached position of a
-    dropped group but the first 2 and the last 3 the step sees (its own key, written by the step, among
-    them)."""
+def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch, length):
+    """The same with `top_k_sink=2, top_k_window=3` and a 12- or 30-token prompt (long enough for the
+    blocked reads of prefill): NaN in every cached position of a dropped group but the first 2 and the last
+    3 the step sees (its own key, written by the step, among them)."""
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
-    prompt = tiny_inputs("llama", batch=batch, length=12)["input_ids"]
-    _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, 9, 10])
+    prompt = tiny_inputs("llama", batch=batch, length=length)["input_ids"]
+    _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, length - 3, length - 2])
 
 
 def _assert_decode_step_ignores_nan_outside(

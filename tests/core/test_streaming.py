@@ -83,7 +83,7 @@ BLOCKED_CASES = [
     ("causal", 2, 4, 4, 29, 45, 0, 9),  # queries after a cache
     ("static", 3, 4, 1, 50, 61, 4, 5),
     ("bidirectional", 2, 8, 2, 40, 40, 3, 0),
-    ("causal", 1, 4, 2, 1, 30, 2, 3),
+    ("causal", 1, 4, 2, 9, 30, 2, 3),  # one block after a cache
     ("causal", 2, 2, 1, 70, 70, 1, 16),  # several blocks of 16
 ]
 
@@ -127,11 +127,15 @@ def test_blocked_reads_without_a_mask_follow_causality(causal):
     torch.testing.assert_close(out, _by_mask(query, key, value, allowed, 2, 5), atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize(("kind", "sink", "window"), [("holes", 2, 3), ("sliding", 2, 3), ("causal", 20, 9)])
-def test_blocked_reads_leave_other_masks_to_the_mask(kind, sink, window):
-    """Rows with holes, sliding-window rows whose sink moves, and reads covering most keys: `None`."""
-    query, key, value = torch.randn(2, 4, 37, 8), torch.randn(2, 2, 37, 8), torch.randn(2, 2, 37, 8)
-    allowed = _masks(kind, 2, 37, 37)
+@pytest.mark.parametrize(
+    ("kind", "queries", "sink", "window"),
+    [("holes", 37, 2, 3), ("sliding", 37, 2, 3), ("causal", 37, 20, 9), ("causal", 7, 2, 3)],
+)
+def test_blocked_reads_leave_other_masks_to_the_mask(kind, queries, sink, window):
+    """Rows with holes, sliding-window rows whose sink moves, reads covering most keys, and fewer query rows
+    than a block of 8 (decode steps: a block slice would read keys outside the sink and window): `None`."""
+    query, key, value = torch.randn(2, 4, queries, 8), torch.randn(2, 2, 37, 8), torch.randn(2, 2, 37, 8)
+    allowed = _masks(kind, 2, queries, 37)
     assert streaming.blocked_streaming_attention(query, key, value, allowed, True, sink, window) is None
 
 

@@ -208,8 +208,9 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "- With `top_k_sink`/`top_k_window` (runs `...-sink4-window64`) a dropped group is not zeroed: it "
         "attends to the first 4 and the last 64 keys its query sees (`hf_gate_attention/core/streaming.py`). "
         "On the CPU this costs time at these lengths: at decode each dropped group adds an attention over "
-        "its 68 gathered keys, and in prefill its rows attend through a mask, saving nothing "
-        "(`benchmarks/results/decode_sink_window.md` at 1k to 8k tokens).",
+        "its 68 gathered keys, and in prefill every head's reads are computed in blocks of rows, saving "
+        "nothing (`benchmarks/results/decode_sink_window.md` at 1k to 8k tokens, "
+        "`benchmarks/results/sparse_prefill_train.md`).",
         "- A GPU-scale run would use `recipes/summarization/configs/gpu.yaml`: SmolLM2-1.7B-Instruct, "
         "GovReport (`ccdv/govreport-summarization`), 7,160-token prompts (head+tail), up to 1,024 summary "
         "tokens, bf16, one epoch, the full 973-report test split, the four dense runs:",

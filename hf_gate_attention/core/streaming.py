@@ -136,17 +136,16 @@ def blocked_streaming_attention(
     heads_per_group = num_heads // num_groups
     rows = query.unflatten(1, (num_groups, heads_per_group)).transpose(2, 3)  # (B, KV, L, n, D)
     rows = F.pad(rows, (0, 0, 0, 0, 0, pad)) if pad else rows  # (B, KV, Lp, n, D)
-    rows = rows.reshape(batch, num_groups, blocks, block * heads_per_group, head_dim)  # rows (c, n)
-    block_keys, block_values = (_gather_keys(t, positions) for t in (key, value))  # (B, KV, nb, s + T, D)
-    scale = head_dim**-0.5 if scaling is None else scaling
-    scores = (rows @ (block_keys * scale).transpose(-1, -2)).unflatten(3, (block, heads_per_group))
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in float32 at least
-    valid = valid[:, None, :, :, None]  # (B', 1, nb, c, 1, s + T) against scores (B, KV, nb, c, n, s + T)
-    probs = scores.masked_fill(~valid, torch.finfo(scores.dtype).min).softmax(-1)
-    if not sees_all:  # a row that sees nothing gives 0
-        probs = probs * valid.any(-1, keepdim=True)
-    probs = F.dropout(probs, dropout) if dropout > 0 else probs
-    out = probs.flatten(3, 4).to(value.dtype) @ block_values  # (B, KV, nb, c*n, D)
+    rows = rows.reshape(batch, num_groups * blocks, block * heads_per_group, head_dim)  # per (KV, nb): (c, n)
+    block_keys, block_values = (_gather_keys(t, positions).flatten(1, 2) for t in (key, value))
+    valid = valid[:, None, :, :, None].expand(-1, num_groups, -1, -1, heads_per_group, -1)
+    valid = valid.reshape(mask_batch, num_groups * blocks, block * heads_per_group, -1)  # as the rows
+    # (B, KV*nb, c*n, D) against (B, KV*nb, s + T, D): SDPA's fused kernels, no (c*n, s + T) kept for backward
+    out = F.scaled_dot_product_attention(
+        rows, block_keys, block_values, attn_mask=valid, dropout_p=dropout, scale=scaling
+    )
+    if not sees_all:  # a row that sees nothing gives 0 (not every SDPA kernel makes it 0 itself)
+        out = torch.where(valid.any(-1, keepdim=True), out, 0)
     out = out.view(batch, num_groups, -1, heads_per_group, head_dim)[:, :, :length]  # (B, KV, L, n, D)
     return out.transpose(2, 3).reshape(batch, num_heads, length, head_dim)
 

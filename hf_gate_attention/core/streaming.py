@@ -64,13 +64,14 @@ def streaming_keys(allowed: torch.Tensor, sink: int, window: int) -> torch.Tenso
 
 def _row_bounds(allowed: torch.Tensor | None, length: int, key_length: int, causal: bool, device):
     """First key and key count of each query row, each `(B', L)` int32, and whether every row is that
-    interval (no holes) starting at its sequence's first key, a 0-dim bool tensor. `allowed: (B', L, S)`
-    bool, or `None`: every key, or with `causal` the keys up to the query's own (at `S - L + i`)."""
+    interval (no holes) starting at its sequence's first key: `True`, or a 0-dim bool tensor where the mask
+    decides. `allowed: (B', L, S)` bool, or `None`: every key, or with `causal` the keys up to the query's own
+    (at `S - L + i`)."""
     if allowed is None:
         first = torch.zeros(1, length, dtype=torch.int32, device=device)
         count = torch.arange(key_length - length + 1, key_length + 1, dtype=torch.int32, device=device)
         count = count[None] if causal else torch.full_like(first, key_length)
-        return first, count, torch.tensor(True, device=device)
+        return first, count, True
     as_bytes = allowed.view(torch.uint8)
     count = as_bytes.sum(-1, dtype=torch.int32)  # (B', L)
     first = as_bytes.argmax(-1).to(torch.int32)  # (B', L) 0 for a row that sees nothing
@@ -119,10 +120,13 @@ def blocked_streaming_attention(
 
     seen, last = by_block(count > 0), by_block(first + count - 1)  # last < first for a row that sees nothing
     block_end = torch.where(seen, last, -1).amax(-1, keepdim=True)  # (B', nb, 1) the block's last key
-    block_start = torch.where(seen, last, key_length).amin(-1, keepdim=True)  # (B', nb, 1)
-    fits, sees_all = torch.stack([fits & (block_end - block_start < block).all(), seen.all()]).tolist()
-    if not fits:  # one host sync above
-        return None
+    if allowed is None:  # every row sees its keys (rows padded to whole blocks see none); no host sync
+        sees_all = pad == 0
+    else:  # one host sync: whether the blocks apply to this mask
+        block_start = torch.where(seen, last, key_length).amin(-1, keepdim=True)  # (B', nb, 1)
+        fits, sees_all = torch.stack([fits & (block_end - block_start < block).all(), seen.all()]).tolist()
+        if not fits:
+            return None
     # each block reads [sink keys | its window slice]: (B', nb, s + T) positions, valid per row (B', nb, c, .)
     slice_keys = block_end - (block + window) + 1 + torch.arange(block + window, device=query.device)
     sink_keys = first.amax(-1)[:, None, None] + torch.arange(sink, device=query.device)  # (B', 1, s)

@@ -127,6 +127,20 @@ def test_blocked_reads_without_a_mask_follow_causality(causal):
     torch.testing.assert_close(out, _by_mask(query, key, value, allowed, 2, 5), atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("length", [32, 37])
+def test_blocked_reads_without_a_mask_never_sync_with_the_host(length):
+    """Without a mask the blocked reads know on the host that they apply: dynamo traces them whole
+    (`fullgraph=True` raises at a graph break, which any `.tolist()`/`.item()` would be), with and without
+    rows padded to a whole block, and the traced function gives the same output."""
+    generator = torch.Generator().manual_seed(length)
+    query = torch.randn(2, 4, length, 8, generator=generator)
+    key, value = (torch.randn(2, 2, length, 8, generator=generator) for _ in range(2))
+    torch._dynamo.reset()
+    traced = torch.compile(streaming.blocked_streaming_attention, fullgraph=True, backend="eager")
+    inputs = (query, key, value, None, True, 2, 8)
+    torch.testing.assert_close(traced(*inputs), streaming.blocked_streaming_attention(*inputs))
+
+
 @pytest.mark.parametrize(
     ("kind", "queries", "sink", "window"),
     [("holes", 37, 2, 3), ("sliding", 37, 2, 3), ("causal", 37, 20, 9), ("causal", 7, 2, 3)],

@@ -8,7 +8,7 @@
    within 1e-4. bfloat16: the error to a float32 run of the same bfloat16 weights may be at most twice
    PyTorch's own bfloat16 error plus a small epsilon (the flash-attention rule of
    tests/kernels/test_kernels.py).
-   Also top-1 key/value group sparse gating on "triton".
+   Also top-1 key/value group sparse gating on "triton", zeroed and with sink and window reads.
 2. Greedy `generate` of 12 tokens, batch 2 left-padded, float32: the same tokens on every backend.
 3. A decode step captured in a CUDA graph and replayed for two positions equals eager decoding; and a
    `torch.compile(mode="reduce-overhead", fullgraph=True)` forward under `generate` with a static cache.
@@ -30,6 +30,7 @@ from helpers import GRANULARITIES, VARIANTS, first_output, tiny_inputs, tiny_mod
 pytest.importorskip("triton")
 
 from hf_gate_attention import gate_backend_of, patch
+from hf_gate_attention.core.variants import GATE_VARIANTS
 
 pytestmark = GPU_MARKS
 
@@ -158,11 +159,23 @@ def test_backend_matches_torch_forward_and_every_gradient(model_type, variant, g
     assert_backend_matches_torch(model_type, backend, variant=variant, granularity=granularity)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_top1_kv_group_on_triton_matches_torch(variant):
+SPARSE_CASES = [(variant, {}) for variant in VARIANTS] + [
+    (variant, {"top_k_sink": 2, "top_k_window": 8})
+    for variant in VARIANTS
+    if GATE_VARIANTS[variant].dropped_read_keys
+]
+
+
+@pytest.mark.parametrize(
+    ("variant", "reads"),
+    SPARSE_CASES,
+    ids=[f"{v}-{'sink2-window8' if r else 'zeroed'}" for v, r in SPARSE_CASES],
+)
+def test_top1_kv_group_on_triton_matches_torch(variant, reads):
     """Sparse gating, float32 only (in bfloat16 the selection itself may differ from the float32 one);
-    headwise (elementwise gates take the same path through the selection)."""
-    gate = {"variant": variant, "granularity": "headwise", "top_k": 1, "top_k_unit": "kv_group"}
+    headwise (elementwise gates take the same path through the selection). With sink and window reads the
+    triton backend's blocked reads meet the padding queries, which see no key (0, no NaN in any gradient)."""
+    gate = {"variant": variant, "granularity": "headwise", "top_k": 1, "top_k_unit": "kv_group", **reads}
     state = reference_state("llama", **gate)
     batch = padded_batch()
     expected, expected_grads = run(build("llama", "torch", torch.float32, state, **gate), batch, True)

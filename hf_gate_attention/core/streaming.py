@@ -120,7 +120,7 @@ def blocked_streaming_attention(
 
     seen, last = by_block(count > 0), by_block(first + count - 1)  # last < first for a row that sees nothing
     block_end = torch.where(seen, last, -1).amax(-1, keepdim=True)  # (B', nb, 1) the block's last key
-    if allowed is None:  # every row sees its keys (rows padded to whole blocks see none); no host sync
+    if allowed is None:  # every row sees its keys (rows padded to a whole block may see none); no host sync
         sees_all = pad == 0
     else:  # one host sync: whether the blocks apply to this mask
         block_start = torch.where(seen, last, key_length).amin(-1, keepdim=True)  # (B', nb, 1)

@@ -118,13 +118,25 @@ def test_blocked_reads_equal_the_masked_reads_forward_and_backward(
     assert torch.equal(out * sees_nothing, torch.zeros_like(out))
 
 
+@pytest.mark.parametrize("length", [32, 33], ids=["whole-blocks", "padded-block"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_blocked_reads_without_a_mask_follow_causality(causal):
-    generator = torch.Generator().manual_seed(int(causal))
-    query, key, value = (torch.randn(2, 4, 33, 8, generator=generator, dtype=torch.float64) for _ in range(3))
-    allowed = streaming.allowed_keys(None, 33, 33, causal, "cpu")
-    out = streaming.blocked_streaming_attention(query, key, value, None, causal, 2, 5)
-    torch.testing.assert_close(out, _by_mask(query, key, value, allowed, 2, 5), atol=1e-12, rtol=1e-12)
+def test_blocked_reads_without_a_mask_follow_causality(causal, length):
+    """Without a mask (no host sync), float64: output and the query, key and value gradients equal the
+    masked reads, with the last block whole or padded."""
+    generator = torch.Generator().manual_seed(int(causal) + length)
+    inputs = [
+        torch.randn(2, 4, length, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    ]
+    allowed = streaming.allowed_keys(None, length, length, causal, "cpu")
+    out = streaming.blocked_streaming_attention(*inputs, None, causal, 2, 5)
+    expected = _by_mask(*inputs, allowed, 2, 5)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("length", [32, 37])

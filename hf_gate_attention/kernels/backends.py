@@ -155,11 +155,15 @@ def fused_attention_forward(
     )
     short = query.shape[2] <= MAX_DECODE_QUERIES and not needs_grad
     gate = None if block_patch is None else block_patch._gate()
-    streaming = {} if gate is None or not gate.dropped_reads_keys else _streaming_options(gate)
-    if streaming and not short:  # prefill and training: the vendor attention twice (see the README)
+    options = {} if gate is None or not gate.dropped_reads_keys else _streaming_options(gate)
+    if options and not short:  # prefill and training: the vendor attention twice (see the README)
         attention = streaming_attention
+    elif short:
+        attention = gated_decode_attention
+        if keep is not None:  # a query keeps top_k heads or groups: at most top_k groups
+            options["kept_groups"] = gate.top_k * query.shape[2]
     else:
-        attention = gated_decode_attention if short else gated_flash_attention
+        attention = gated_flash_attention
     out = attention(
         query,
         key,
@@ -171,7 +175,7 @@ def fused_attention_forward(
         key_padding_mask=key_padding_mask,
         sm_scale=scaling,
         kv_length=kv_length,
-        **streaming,
+        **options,
     )
     return out, None
 

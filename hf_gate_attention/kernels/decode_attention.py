@@ -4,17 +4,26 @@ Decode (one query per sequence) and short chunks (speculative decoding, chunked 
 `ops.MAX_DECODE_QUERIES` positions) have too few query rows for the flash kernel's (query block, head) grid
 to fill a GPU, so the work is split over the keys instead (Flash-Decoding, Dao et al. 2023), in two kernels:
 
-1. `_decode_split_kernel`, one program per (key chunk c, sequence b x key/value group g, row block): the
-   query rows of the `n = H / KV` heads that read group g, all Lq of them (an `(n * Lq, D)` tile, padded to
-   at least 16 rows for tl.dot; split into row blocks of `MAX_BLOCK_M` when larger), attend to the keys of
-   chunk c with an online softmax and write the chunk's normalised output and log-sum-exp per row. A tile
-   whose heads top-k dropped at every query row loads no key and value, and neither does a chunk past the
-   filled length `kv_length`: both write the neutral partial `lse = -inf`.
+1. `_decode_split_kernel`, one program per (key chunk c, sequence b x group slot, row block): for each
+   key/value group g its slot serves, the query rows of the `n = H / KV` heads that read g, all Lq of them
+   (an `(n * Lq, D)` tile, padded to at least 16 rows for tl.dot; split into row blocks of `MAX_BLOCK_M`
+   when larger), attend to the keys of chunk c with an online softmax and write the chunk's normalised output
+   and log-sum-exp per row. A chunk past the filled length `kv_length` loads no key and value and writes the
+   neutral partial `lse = -inf`; so does a tile whose heads top-k dropped at every query row.
 2. `_decode_merge_kernel`, one program per block of (b, i, h) rows: combines the chunks by their log-sum-exp,
    applies `gate_scale * sigmoid(z) * keep` (float32) and writes `(B, Lq, H, D)` in the dtype of q.
 
-The number of chunks depends on shapes only (S, B * KV, the GPU's multiprocessor count), never on values, and
-`kv_length` and `keep` are read on the device: a decode step launches the same grids every step, with no
+Group slots: by default one per group. Top-k keeps at most `k * Lq` of the KV groups of a sequence; given
+that bound (`kept_groups`), the grid has `min(kept_groups, KV)` slots per sequence, the kept groups go first
+(ordered on the device, `_kept_groups_first`) and a slot serves the groups at positions `slot`,
+`slot + slots`, ...: with the bound right, exactly the kept ones (a dropped group is never visited: the merge
+skips its rows, whose keep is 0); with more kept groups than slots, the extra ones serially, so a wrong bound
+costs time, never correctness. With sink/window reads the dropped groups come after the kept ones. Keeping 1
+of 8 groups at batch 16 then launches 16 busy slots times enough chunks to fill the GPU, instead of 128
+slots of which 112 have nothing to read and too few chunks for the 16 others (`gpu.py`'s 32k rows).
+
+The number of chunks depends on shapes only (S, B * slots, the GPU's multiprocessor count), never on values,
+and `kv_length` and `keep` are read on the device: a decode step launches the same grids every step, with no
 host synchronisation (capturable in a CUDA graph). Forward only.
 
 Layouts: q `(B, H, Lq, D)`, k/v `(B, KV, S, D)` with any strides and unit stride on D; z `(B, Lq, H, w)`,
@@ -52,6 +61,24 @@ MIN_BLOCKS_PER_CHUNK = 1 if INTERPRET else 4  # at least 256 keys per program on
 
 
 @triton.jit
+def _kept_groups_first(KEEP, b, H, LQ, GROUP, BLOCK_KV: tl.constexpr, BLOCK_GL: tl.constexpr):
+    """`(position (BLOCK_KV,), kept)`: the place of each key/value group of sequence `b` in an order where
+    the `kept` groups that keep some row `(b, i, h)` come first, then the others, each in group order."""
+    g = tl.arange(0, BLOCK_KV)
+    j = tl.arange(0, BLOCK_GL)  # row hh * LQ + i of a group
+    exists = g < H // GROUP  # (BLOCK_KV,)
+    rows = (b * LQ + j[None, :] % LQ) * H + g[:, None] * GROUP + j[None, :] // LQ  # (BLOCK_KV, BLOCK_GL)
+    keep = tl.load(KEEP + rows, mask=exists[:, None] & (j[None, :] < GROUP * LQ), other=0.0)
+    is_kept = (tl.max(keep, 1) > 0).to(tl.int32)  # (BLOCK_KV,)
+    is_dropped = exists.to(tl.int32) - is_kept
+    kept = tl.sum(is_kept, 0)
+    position = tl.where(
+        is_kept > 0, tl.cumsum(is_kept, 0) - is_kept, kept + tl.cumsum(is_dropped, 0) - is_dropped
+    )
+    return tl.where(exists, position, BLOCK_KV + g), kept  # a padding lane matches no position
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K,
@@ -80,7 +107,78 @@ def _decode_split_kernel(
     GROUP,
     CHUNK,
     NUM_CHUNKS,
+    SLOTS,
     sm_scale,
+    CAUSAL: tl.constexpr,
+    HAS_KPM: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    STREAMING: tl.constexpr,
+    KEPT_FIRST: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    BLOCK_GL: tl.constexpr,
+):
+    c = tl.program_id(0)
+    b_slot = tl.program_id(1).to(tl.int64)
+    b = b_slot // SLOTS
+    slot = b_slot % SLOTS
+    # the groups of sequence b, `SLOTS` at a time: with KEPT_FIRST, the kept ones first (without STREAMING
+    # only those: a dropped group reads nothing), so that the grid needs slots for the kept ones only
+    positions = H // GROUP
+    if KEPT_FIRST:
+        group_position, kept_groups = _kept_groups_first(KEEP, b, H, LQ, GROUP, BLOCK_KV, BLOCK_GL)
+        if not STREAMING:
+            positions = kept_groups
+    for position in range(slot, positions, SLOTS):
+        g = position
+        if KEPT_FIRST:
+            g = tl.sum(tl.where(group_position == position, tl.arange(0, BLOCK_KV), 0), 0).to(tl.int64)
+        _split_group_chunk(
+            Q, K, V, KEEP, KPM, KV_LEN, SINK_STOP, WINDOW_START, PART_OUT, PART_LSE, stride_qb, stride_qh,
+            stride_ql, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_kvl, H, LQ, S,
+            D, GROUP, CHUNK, NUM_CHUNKS, sm_scale, b, g, c, CAUSAL, HAS_KPM, HAS_KV_LEN, HAS_KEEP, STREAMING,
+            DOT_DTYPE, DOT_PRECISION, BLOCK_D, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+
+
+@triton.jit
+def _split_group_chunk(
+    Q,
+    K,
+    V,
+    KEEP,
+    KPM,
+    KV_LEN,
+    SINK_STOP,
+    WINDOW_START,
+    PART_OUT,
+    PART_LSE,
+    stride_qb,
+    stride_qh,
+    stride_ql,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_kvl,
+    H,
+    LQ,
+    S,
+    D,
+    GROUP,
+    CHUNK,
+    NUM_CHUNKS,
+    sm_scale,
+    b,
+    g,
+    c,
     CAUSAL: tl.constexpr,
     HAS_KPM: tl.constexpr,
     HAS_KV_LEN: tl.constexpr,
@@ -92,10 +190,7 @@ def _decode_split_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    bg = tl.program_id(1).to(tl.int64)
-    b = bg // (H // GROUP)
-    g = bg % (H // GROUP)
+    """Key chunk `c` of sequence `b`, group `g`, for this program's row block: the partials of its rows."""
     tile_row = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) row hh * LQ + i of the group
     row_ok = tile_row < GROUP * LQ
     h = g * GROUP + tile_row // LQ  # (BLOCK_M,) query head
@@ -188,8 +283,11 @@ def _decode_merge_kernel(
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     weight_sum = tl.zeros([BLOCK_R], dtype=tl.float32)
     m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    written = row_ok  # (BLOCK_R,) rows whose partials the split wrote: not those of groups it skipped
+    if HAS_KEEP:
+        written = written & (tl.load(KEEP + row, mask=row_ok, other=0.0) > 0)
     for c in range(NUM_CHUNKS):  # online log-sum-exp merge of the chunks
-        lse = tl.load(PART_LSE + row * NUM_CHUNKS + c, mask=row_ok, other=float("-inf"))
+        lse = tl.load(PART_LSE + row * NUM_CHUNKS + c, mask=written, other=float("-inf"))
         m_new = tl.maximum(m, lse)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_safe)
@@ -237,8 +335,9 @@ def _target_programs(device: torch.device) -> int:
 
 
 def num_key_chunks(keys: int, programs: int, device: torch.device) -> int:
-    """Default number of key chunks, from shapes only: enough for `programs` (B * KV * row blocks) times the
-    chunks to fill the device, at least `MIN_BLOCKS_PER_CHUNK` key blocks per chunk, at most `MAX_CHUNKS`."""
+    """Default number of key chunks, from shapes only: enough for `programs` (B * slots * row blocks) times
+    the chunks to fill the device, at least `MIN_BLOCKS_PER_CHUNK` key blocks per chunk, at most
+    `MAX_CHUNKS`."""
     chunks = triton.cdiv(_target_programs(device), programs)
     return max(1, min(chunks, triton.cdiv(keys, BLOCK_N * MIN_BLOCKS_PER_CHUNK), MAX_CHUNKS))
 
@@ -257,9 +356,11 @@ def decode_attention_forward(
     num_chunks: int | None = None,
     top_k_sink: int = 0,
     top_k_window: int = 0,
+    kept_groups: int | None = None,
 ) -> torch.Tensor:
     """Gated attention of a short query (arguments as in `gated_attention_reference`), split over `num_chunks`
-    key chunks (default: `num_key_chunks`; fewer when S needs fewer). Returns `(B, Lq, H, D)`, dtype of q."""
+    key chunks (default: `num_key_chunks`; fewer when S needs fewer) and, per sequence, over
+    `min(kept_groups, KV)` group slots (default KV). Returns `(B, Lq, H, D)`, dtype of q."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     batch, heads, length, dim = q.shape
     kv_heads, keys = k.shape[1:3]
@@ -269,8 +370,11 @@ def decode_attention_forward(
     )
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(group * length)))
     row_blocks = triton.cdiv(group * length, block_m)
+    # a slot serves the groups of a sequence one after another, kept ones first: with fewer slots than
+    # groups, the grid and the chunk count are sized for the groups top-k keeps
+    slots = kv_heads if keep is None or kept_groups is None else min(kept_groups, kv_heads)
     if num_chunks is None:
-        num_chunks = num_key_chunks(keys, batch * kv_heads * row_blocks, q.device)
+        num_chunks = num_key_chunks(keys, batch * slots * row_blocks, q.device)
     chunk = triton.cdiv(triton.cdiv(keys, num_chunks), BLOCK_N) * BLOCK_N  # keys per chunk, whole blocks
     num_chunks = triton.cdiv(keys, chunk)
     streaming = keep is not None and (top_k_sink > 0 or top_k_window > 0)
@@ -283,12 +387,13 @@ def decode_attention_forward(
     part_out = torch.empty(rows, num_chunks, dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(rows, num_chunks, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(dim))
-    _decode_split_kernel[(num_chunks, batch * kv_heads, row_blocks)](
+    _decode_split_kernel[(num_chunks, batch * slots, row_blocks)](
         q, k, v, keep_, kpm, kv_len, sink_stop, window_start, part_out, part_lse, *q.stride()[:3],
         *k.stride()[:3], *v.stride()[:3], stride_kvl, heads, length, keys, dim, group, chunk, num_chunks,
-        sm_scale, CAUSAL=causal, HAS_KPM=flags["HAS_KPM"], HAS_KV_LEN=flags["HAS_KV_LEN"],
-        HAS_KEEP=flags["HAS_KEEP"], STREAMING=streaming, **dot_flags(q.dtype), BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        slots, sm_scale, CAUSAL=causal, HAS_KPM=flags["HAS_KPM"], HAS_KV_LEN=flags["HAS_KV_LEN"],
+        HAS_KEEP=flags["HAS_KEEP"], STREAMING=streaming, KEPT_FIRST=slots < kv_heads, **dot_flags(q.dtype),
+        BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_KV=triton.next_power_of_2(kv_heads),
+        BLOCK_GL=triton.next_power_of_2(group * length),
     )  # fmt: skip
     out = torch.empty(batch, length, heads, dim, dtype=q.dtype, device=q.device)
     _decode_merge_kernel[(triton.cdiv(rows, MERGE_BLOCK_R),)](

@@ -269,13 +269,14 @@ def _gated_decode_attention(
     num_chunks: int | None,
     top_k_sink: int,
     top_k_window: int,
+    kept_groups: int | None,
 ) -> torch.Tensor:
     _require_triton(q.device)
     from .decode_attention import decode_attention_forward
 
     return decode_attention_forward(
         q, k, v, gate_logits, keep, key_padding_mask, kv_length, gate_scale, causal, sm_scale, num_chunks,
-        top_k_sink, top_k_window,
+        top_k_sink, top_k_window, kept_groups,
     )  # fmt: skip
 
 
@@ -299,6 +300,7 @@ def gated_decode_attention(
     num_chunks: int | None = None,
     top_k_sink: int = 0,
     top_k_window: int = 0,
+    kept_groups: int | None = None,
 ) -> torch.Tensor:
     """Split-KV ("flash-decoding") gated attention of a short query (`L <= 16`: decode, speculative or short
     chunks), the same result as `gated_flash_attention` (`decode_attention.py`).
@@ -318,6 +320,10 @@ def gated_decode_attention(
         top_k_sink, top_k_window (`int`, *optional*, default to 0): with `keep`, a dropped head attends to the
             first `top_k_sink` and the last `top_k_window` keys its query sees, and keeps its gate
             (`gated_attention_reference`); only those keys of a fully dropped group are read.
+        kept_groups (`int`, *optional*): with `keep`, at most how many key/value groups of a sequence keep a
+            row (top-k's `k` times the query length): the kernel then launches that many group slots per
+            sequence instead of KV, kept groups first, and sizes the chunks for them. Work layout only: a
+            sequence that keeps more groups gets them served one after another, with the same result.
 
     Returns:
         `torch.Tensor` of shape `(B, L, H, D)` in the dtype of `q`; rows without a visible key are 0.
@@ -333,14 +339,17 @@ def gated_decode_attention(
             "gated_decode_attention is forward only (inference) but a gradient is required; use "
             "gated_flash_attention, or run under torch.no_grad()"
         )
-    if num_chunks is not None and num_chunks < 1:
-        raise ValueError(f"num_chunks must be a positive int or None, got {num_chunks}")
+    for name, value in (("num_chunks", num_chunks), ("kept_groups", kept_groups)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+    if kept_groups is not None and keep is None:
+        raise ValueError("kept_groups bounds the key/value groups that `keep` keeps; it needs keep")
     for name, value in (("top_k_sink", top_k_sink), ("top_k_window", top_k_window)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     args = (q, k, v, gate_logits, keep, key_padding_mask, kv_length, float(gate_scale), bool(causal))
-    options = (float(sm_scale), num_chunks, top_k_sink, top_k_window)
+    options = (float(sm_scale), num_chunks, top_k_sink, top_k_window, kept_groups)
     if torch.compiler.is_compiling():  # the custom op traces; in eager the launcher skips its dispatch
         return _gated_decode_attention(*args, *options)
     _require_triton(q.device)

@@ -10,7 +10,8 @@
    tests/kernels/test_kernels.py).
    Also top-1 key/value group sparse gating on "triton", zeroed and with sink and window reads.
 2. Greedy `generate` of 12 tokens, batch 2 left-padded, float32: the same tokens on every backend.
-3. A decode step captured in a CUDA graph and replayed for two positions equals eager decoding; and a
+3. A decode step captured in a CUDA graph and replayed for two positions equals eager decoding (dense gates
+   on torch and fused_gate, top-1 key/value group on triton); and a
    `torch.compile(mode="reduce-overhead", fullgraph=True)` forward under `generate` with a static cache.
 
 The backend "fused_gate" (vendor attention, gate logits from the query projection's GEMM, one fused Triton
@@ -206,17 +207,22 @@ def test_greedy_generation_equals_torch(variant, backend):
 MAX_LEN, PROMPT, PROMPT_PADDED, WARMUP = 16, 6, 2, 2
 
 
+GRAPHED = [("torch", {}), ("fused_gate", {}), ("triton", {"top_k": 1, "top_k_unit": "kv_group"})]
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-@pytest.mark.parametrize("backend", ["torch", "fused_gate"])
-def test_cuda_graph_decode_steps_equal_eager(backend, granularity):
+@pytest.mark.parametrize(("backend", "sparse"), GRAPHED, ids=["torch", "fused_gate", "triton-top1-kv_group"])
+def test_cuda_graph_decode_steps_equal_eager(backend, sparse, granularity):
     """A decode step with a StaticCache and a 4-D boolean mask `(B, 1, 1, MAX_LEN)` updated in place, warmed
     up on a side stream, captured in a `torch.cuda.CUDAGraph` and replayed for two successive positions, gives
     the logits of an eager copy decoding with the usual 2-D mask and a dynamic cache (within 1e-4, float32).
-    The torch backend runs too, as the baseline of the capture itself. Transformers' StaticCache counts its
-    position in a tensor, in place: every replay writes the next slot; the warm-up's steps are cropped."""
+    The torch backend runs too, as the baseline of the capture itself; triton with top-1 of the 2 key/value
+    groups captures the split-KV kernel with one group slot per sequence (its selection read on the device).
+    Transformers' StaticCache counts its position in a tensor, in place: every replay writes the next slot;
+    the warm-up's steps are cropped."""
     from transformers import DynamicCache, StaticCache
 
-    gate = {"variant": "output", "granularity": granularity}
+    gate = {"variant": "output", "granularity": granularity, **sparse}
     state = reference_state("llama", **gate)
     graphed = build("llama", backend, torch.float32, state, **gate)
     eager = build("llama", backend, torch.float32, state, **gate)
@@ -238,10 +244,12 @@ def test_cuda_graph_decode_steps_equal_eager(backend, granularity):
         static_mask = torch.zeros(2, 1, 1, MAX_LEN, dtype=torch.bool, device=DEVICE)
         static_mask[:, 0, 0, :PROMPT] = mask.bool()
         static_mask[:, 0, 0, PROMPT] = True
+        # the triton backend's mask function takes a 2-D key mask: the same memory, viewed (B, MAX_LEN)
+        step_mask = static_mask.view(2, MAX_LEN) if backend == "triton" else static_mask
 
         def step():
             return graphed(
-                input_ids=static_ids, attention_mask=static_mask, position_ids=static_positions, cache=cache
+                input_ids=static_ids, attention_mask=step_mask, position_ids=static_positions, cache=cache
             ).logits[:, -1]
 
         if DEVICE == "cuda":

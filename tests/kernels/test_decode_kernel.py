@@ -9,6 +9,8 @@ PyTorch's own error in the same dtype plus a small epsilon.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
@@ -16,7 +18,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are firs
 import pytest
 import torch
 import transformers
-from helpers import first_output, tiny_inputs, tiny_model
+from helpers import REPO, first_output, tiny_inputs, tiny_model
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
@@ -99,9 +101,9 @@ def decode_inputs(case: Case) -> dict:
     }  # fmt: skip
 
 
-def decode(inputs: dict, causal: bool, chunks: int | None = None) -> torch.Tensor:
+def decode(inputs: dict, causal: bool, chunks: int | None = None, **options) -> torch.Tensor:
     with torch.no_grad():
-        return gated_decode_attention(**inputs, gate_scale=2.0, causal=causal, num_chunks=chunks)
+        return gated_decode_attention(**inputs, gate_scale=2.0, causal=causal, num_chunks=chunks, **options)
 
 
 def reference(inputs: dict, causal: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -116,6 +118,26 @@ def test_decode_kernel_matches_reference(case):
     assert out.shape == (case.batch, case.length, case.heads, case.dim) and out.dtype == inputs["q"].dtype
     torch_out = reference(inputs, case.causal, inputs["q"].dtype)
     assert_close_to_reference("out", out, reference(inputs, case.causal, torch.float64), torch_out)
+
+
+KEEP_CASES = [case for case in CASES if case.keep_groups]
+
+
+@pytest.mark.parametrize("case", KEEP_CASES, ids=lambda case: case.id)
+def test_kept_groups_slots_give_the_same_result(case):
+    """`kept_groups`: one slot per kept group (sequence b keeps groups b + i mod KV at its queries i: Lq of
+    them, or all), and one slot for all (the kept groups served one after another). With the chunk count
+    given, the same bits as one slot per group; with the launcher's chunks (sized for the slots), close to
+    the reference."""
+    inputs = decode_inputs(case)
+    expected = reference(inputs, case.causal, torch.float64)
+    torch_out = reference(inputs, case.causal, inputs["q"].dtype)
+    every_group = decode(inputs, case.causal, case.chunks)
+    for kept_groups in sorted({1, min(case.length, case.kv_heads)}):
+        out = decode(inputs, case.causal, case.chunks, kept_groups=kept_groups)
+        if case.chunks is not None:
+            assert torch.equal(out, every_group), kept_groups
+        assert_close_to_reference(f"out, kept_groups={kept_groups}", out, expected, torch_out)
 
 
 def test_decode_takes_strided_inputs():
@@ -147,22 +169,42 @@ def test_dropped_groups_and_unfilled_chunks_are_never_read():
     assert torch.isfinite(out).all()
     assert torch.equal(out, clean)
     torch.testing.assert_close(out.double(), reference(inputs, True, torch.float64), atol=1e-5, rtol=1e-5)
+    # one slot per sequence: the kept group goes first, the dropped ones are never visited
+    assert torch.equal(decode(poisoned, True, case.chunks, kept_groups=1), clean)
 
 
-def test_decode_kernel_touches_only_its_tensors(monkeypatch):
+@pytest.mark.parametrize("kept_groups", [None, 1], ids=["every-group", "top1-one-slot"])
+def test_decode_kernel_touches_only_its_tensors(monkeypatch, kept_groups):
     """Every input in a NaN-guarded buffer (a read outside it would reach the output) and every tensor the
-    launcher allocates (partials, output) too (a write outside it would overwrite the guard)."""
+    launcher allocates (partials, output) too (a write outside it would overwrite the guard; a read of a
+    partial nobody wrote, such as those of the groups one slot never visits, would reach the output)."""
     from hf_gate_attention.kernels import decode_attention
 
     outputs = _GuardedTorch()
     monkeypatch.setattr(decode_attention, "torch", outputs)
-    case = Case(2, 5, 8, 2, 37, 24, True, "elementwise", 3, left_padding=True, kv_length=(37, 30))
+    case = Case(
+        2, 5, 8, 2, 37, 24, True, "elementwise", 3, left_padding=True, kv_length=(37, 30),
+        keep_groups=kept_groups is not None,
+    )  # fmt: skip
     inputs_buffers: list = []
     inputs = {name: guarded(t, inputs_buffers) for name, t in decode_inputs(case).items() if t is not None}
-    out = decode(inputs, case.causal, case.chunks)
+    if kept_groups is not None:  # every query keeps the same group: one per sequence
+        inputs["keep"].copy_(inputs["keep"][:, :1].expand_as(inputs["keep"]))
+    out = decode(inputs, case.causal, case.chunks, kept_groups=kept_groups)
     torch.testing.assert_close(out.double(), reference(inputs, True, torch.float64), atol=1e-5, rtol=1e-5)
     assert len(outputs.buffers) == 3  # partial outputs, partial log-sum-exps, output
     assert_guards_intact(outputs.buffers + inputs_buffers)
+
+
+def test_decode_kernels_compile_for_hopper(tmp_path):
+    """Triton's compiler, which the interpreter never runs, accepts the split and merge kernels for sm_90
+    (H100/H200) with every flag combination the launcher uses (`hopper_compile.py`, its own process)."""
+    pytest.importorskip("triton.backends.nvidia", reason="Triton without its NVIDIA backend")
+    env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    script = REPO / "tests" / "kernels" / "hopper_compile.py"
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.count("compiled ") == 10
 
 
 def test_custom_op_passes_opcheck_and_compiles_without_graph_breaks():
@@ -170,8 +212,9 @@ def test_custom_op_passes_opcheck_and_compiles_without_graph_breaks():
     inputs = decode_inputs(case)
     args = tuple(inputs[n] for n in ("q", "k", "v", "gate_logits", "keep", "key_padding_mask", "kv_length"))
     op = torch.ops.hf_gate_attention.gated_decode_attention
-    for streaming in ((0, 0), (1, 3)):  # dropped groups read nothing, or their sink and window keys
-        result = torch.library.opcheck(op, (*args, 2.0, True, 0.125, 2, *streaming))
+    # dropped groups read nothing (one slot per group), or their sink and window keys (one slot for all)
+    for streaming, kept_groups in (((0, 0), None), ((1, 3), 1)):
+        result = torch.library.opcheck(op, (*args, 2.0, True, 0.125, 2, *streaming, kept_groups))
         assert set(result.values()) == {"SUCCESS"}, result
     compiled = torch.compile(lambda inputs: decode(inputs, True, 2), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(inputs), decode(inputs, True, 2))
@@ -186,6 +229,11 @@ def test_decode_refuses_gradients_long_queries_and_bad_lengths():
         decode({"q": q, "k": q[:, :1], "v": q[:, :1]}, True)
     with pytest.raises(ValueError, match=r"kv_length must be an int32 or int64 tensor of shape \(B,\)"):
         decode({**inputs, "q": inputs["q"].detach(), "kv_length": torch.tensor([1.0])}, True)
+    inputs["q"] = inputs["q"].detach()
+    with pytest.raises(ValueError, match="kept_groups must be a positive int or None, got 0"):
+        decode({**inputs, "keep": torch.ones(1, 1, 2)}, True, kept_groups=0)
+    with pytest.raises(ValueError, match="kept_groups bounds the key/value groups that `keep` keeps"):
+        decode(inputs, True, kept_groups=1)
 
 
 # --- backend "triton" on a tiny Llama: static caches and top-k decode ---
@@ -269,6 +317,36 @@ def test_static_cache_prefill_on_triton_equals_torch(length, padded):
     torch.testing.assert_close(logits[1][real], logits[0][real], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["output", "qk"])
+def test_decode_steps_launch_one_slot_per_kept_group(variant, monkeypatch):
+    """Backend "triton" tells the decode kernel that a query of a top-1 gate keeps at most 1 group (the
+    kernel then launches one group slot per sequence, `decode_attention.py`): prompt and decode step equal
+    the torch reference, and every decode call got `kept_groups = top_k * Lq`."""
+    import hf_gate_attention.kernels as kernels
+
+    calls = []
+    decode_kernel = kernels.gated_decode_attention
+
+    def spy(query, *args, **options):
+        calls.append((query.shape[2], options.get("kept_groups")))
+        return decode_kernel(query, *args, **options)
+
+    monkeypatch.setattr(kernels, "gated_decode_attention", spy)
+    inputs = _padded_prompt(5)
+    logits = {}
+    for backend, options in (("torch", {"sparse": False}), ("triton", {})):
+        model = _gated_llama(backend, variant, **options)
+        with torch.no_grad():
+            out = model(**inputs, use_cache=True)
+            ids = out.logits[:, -1:].argmax(-1)
+            mask = torch.cat([inputs["attention_mask"], torch.ones_like(ids)], dim=1)
+            step = model(input_ids=ids, attention_mask=mask, past_key_values=out.past_key_values)
+        logits[backend] = torch.cat([out.logits, step.logits], dim=1)[mask.bool()]  # real positions
+    torch.testing.assert_close(logits["triton"], logits["torch"], atol=1e-5, rtol=1e-5)
+    layers = model.config.num_hidden_layers
+    assert calls == [(5, 5)] * layers + [(1, 1)] * layers  # the prompt's 5 queries, then one step
+
+
 def test_compiled_static_cache_decode_steps_equal_the_reference():
     """Decode steps on a StaticCache under `torch.compile(fullgraph=True)`: the filled length reaches the
     decode kernel as a tensor, without a graph break (no host synchronisation in the traced step)."""
@@ -312,13 +390,15 @@ def test_streaming_decode_matches_reference(case, sink, window):
     generator = torch.Generator().manual_seed(case.keys)
     inputs["keep"] = (torch.rand(case.batch, case.length, case.heads, generator=generator) > 0.5).float()
     options = {"top_k_sink": sink, "top_k_window": window}
-    with torch.no_grad():
-        out = gated_decode_attention(
-            **inputs, gate_scale=2.0, causal=case.causal, num_chunks=case.chunks, **options
-        )
+    out = decode(inputs, case.causal, case.chunks, **options)
     args = {k: t.double() if t is not None and t.is_floating_point() else t for k, t in inputs.items()}
     expected = gated_attention_reference(**args, gate_scale=2.0, causal=case.causal, **options)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    # one group slot per sequence: kept groups first, then the dropped ones with their sink and window reads
+    one_slot = decode(inputs, case.causal, case.chunks, kept_groups=1, **options)
+    if case.chunks is not None:
+        assert torch.equal(one_slot, out)
+    torch.testing.assert_close(one_slot.double(), expected, atol=1e-5, rtol=1e-5)
     dropping_nothing = gated_attention_reference(**args, gate_scale=2.0, causal=case.causal)
     assert (expected - dropping_nothing).abs().max() > 1e-3  # the dropped heads' reads matter
 
@@ -346,8 +426,9 @@ def test_streaming_decode_reads_only_the_sink_and_window_of_dropped_groups():
             poisoned["k"][b, g, unread] = float("nan")
             poisoned["v"][b, g, unread] = float("nan")
         out = gated_decode_attention(**poisoned, **options)
+        one_slot = gated_decode_attention(**poisoned, **options, kept_groups=1)
     assert torch.isfinite(out).all()
-    assert torch.equal(out, clean)
+    assert torch.equal(out, clean) and torch.equal(one_slot, clean)
 
 
 @pytest.mark.parametrize("length", [11, 24], ids=["masked-reads", "blocked-reads"])

@@ -307,7 +307,8 @@ def test_sigmoid_gate_multiply_takes_a_strided_slice():
 
 class _GuardedTorch:
     """`torch` for the kernel launchers, whose `empty`/`empty_like` place each output inside a NaN-filled
-    buffer: a kernel store outside its output changes the guard (`assert_guards_intact`)."""
+    buffer: a kernel store outside its output changes the guard (`assert_guards_intact`). The outputs start
+    as NaN too (0x5A if integer): a kernel that reads an element nobody wrote puts NaN in the results."""
 
     def __init__(self):
         self.buffers: list[tuple[torch.Tensor, int]] = []
@@ -323,7 +324,8 @@ class _GuardedTorch:
         return self._guarded(tensor.shape, tensor.dtype, tensor.device)
 
     def _guarded(self, shape, dtype, device):
-        return guarded(torch.empty(shape, dtype=dtype, device=device), self.buffers)
+        fill = float("nan") if dtype.is_floating_point else 0x5A
+        return guarded(torch.full(shape, fill, dtype=dtype, device=device), self.buffers)
 
 
 def guarded(tensor: torch.Tensor, buffers: list) -> torch.Tensor:

@@ -5,8 +5,11 @@ Eager decode of a small batch is host-bound: on an H200 every gate path cost x1.
 16-layer Llama (hidden 64, so that the tensor work is negligible) decodes `--steps` single tokens after a
 32-token prompt, one thread, ungated and gated (`output/headwise`, `init="paper"`) on each backend of
 `--backends`, in interleaved rounds after a warm-up round (benchmarks/harness.py); it prints the median time
-per step and the added time per layer (median over rounds), with the range of the rounds, and writes the same
-as CSV.
+per step and the added time per layer (median over rounds), with the range of the rounds, and the aten ops
+each gate adds per layer to one step (calls from Python into the dispatcher: on a GPU, each one is host work,
+and each that computes a kernel launch; a count, not a timing, so it does not depend on the machine), and
+writes the same as CSV. `--dtype bfloat16` as on the GPU (its casts are real ops there; on this CPU its
+arithmetic is slow, so the times then mix in compute).
 
     HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
 
@@ -24,6 +27,7 @@ from pathlib import Path
 import torch
 import transformers
 from harness import interleaved, markdown_table, median_range, write_csv
+from torch.profiler import profile
 
 from hf_gate_attention import GateConfig, patch, unpatch
 
@@ -43,11 +47,24 @@ def step_seconds(model, steps: int) -> float:
         return (time.perf_counter() - start) / steps
 
 
+def ops_per_step(model) -> int:
+    """The aten ops called from Python (not from inside another aten op) in one decode step."""
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        model(input_ids=torch.zeros(1, 32, dtype=torch.long), cache=cache, use_cache=True)
+        with profile() as trace:
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long), cache=cache, use_cache=True)
+    aten = [event for event in trace.events() if event.name.startswith("aten::")]
+    return sum(not (event.cpu_parent and event.cpu_parent.name.startswith("aten::")) for event in aten)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", nargs="+", default=["torch", "fused_gate"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--init", choices=["paper", "identity"], default="paper", help="gate scale 1 or 2")
     parser.add_argument("--out", default="host_overhead.csv")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -61,18 +78,19 @@ def main() -> None:
         num_key_value_heads=2,
         head_dim=16,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config).eval().to(getattr(torch, args.dtype))
     cases = ["ungated", *args.backends]
 
-    def run(case):
+    def measure(case, measurement, *options):
         if case != "ungated":
-            patch(model, GateConfig(init="paper"), backend=case)
-        seconds = step_seconds(model, args.steps)
+            patch(model, GateConfig(init=args.init), backend=case)
+        result = measurement(model, *options)
         if case != "ungated":
             unpatch(model)
-        return seconds
+        return result
 
-    seconds = interleaved(run, cases, args.rounds)
+    ops = {case: measure(case, ops_per_step) for case in cases}
+    seconds = interleaved(lambda case: measure(case, step_seconds, args.steps), cases, args.rounds)
     rows = []
     for case in cases:
         added = [(s - b) / LAYERS * 1e6 for s, b in zip(seconds[case], seconds["ungated"], strict=True)]
@@ -84,6 +102,7 @@ def main() -> None:
                 "added_us_per_layer": median,
                 "added_min": low,
                 "added_max": high,
+                "added_ops_per_layer": (ops[case] - ops["ungated"]) / LAYERS,
             }
         )
     cells = [
@@ -91,10 +110,13 @@ def main() -> None:
             r["case"],
             f"{r['ms_per_step']:.2f}",
             f"{r['added_us_per_layer']:.0f} [{r['added_min']:.0f}, {r['added_max']:.0f}]",
+            f"{r['added_ops_per_layer']:g}",
         ]
         for r in rows
     ]
-    print("\n".join(markdown_table(["case", "ms per step", "added us per layer [min, max]"], cells)))
+    header = ["case", "ms per step", "added us per layer [min, max]", "added aten ops per layer"]
+    print(f"{args.dtype}, init={args.init}")
+    print("\n".join(markdown_table(header, cells)))
     write_csv(Path(args.out), rows)
 
 

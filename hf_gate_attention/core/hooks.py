@@ -69,6 +69,7 @@ class _BlockPatch:
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
+        self.query_stashes_logits = False  # set by `query_computes_logits`
         self.roles = self._roles()
         self.path_parts = {path: tuple(path.split(".")) for path in self.roles}
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
@@ -108,6 +109,15 @@ class _BlockPatch:
                 handles.append(module.register_forward_pre_hook(self._before_output))
             self.hooked[path] = (module, handles)
 
+    def query_computes_logits(self) -> None:
+        """The query projection now stashes the gate `logits` itself (backend `fused_gate`'s merged GEMM,
+        `kernels/query_gate.py`): its hook that kept the input `x` for the gate goes (one hook fewer per layer
+        and token)."""
+        self.query_stashes_logits = True
+        for path in list(self.hooked):
+            self._remove(path)
+        self._sync_hooks(self.block, ())
+
     def _remove(self, path: str) -> None:
         for handle in self.hooked.pop(path, (None, []))[1]:
             handle.remove()
@@ -131,7 +141,11 @@ class _BlockPatch:
         the gate inputs read from it (`x`: its input; else its output's part of that role) and gates the part
         of its output that the variant gates (`GateVariant.gates`, e.g. the values)."""
         stash = self.stash
-        reads = tuple((name, role) for name, role in self.gate_variant.inputs if role in roles)
+        reads = tuple(
+            (name, role)
+            for name, role in self.gate_variant.inputs
+            if role in roles and not (role == "query" and self.query_stashes_logits)
+        )
         gates = self.gate_variant.gates  # the attention output is gated by the output projection's pre-hook
         gated = gates if not self.gate_variant.gates_attention_output and gates in roles else None
         if not reads and gated is None:

@@ -444,6 +444,19 @@ def fused_pays(tokens: int, tensor: torch.Tensor, needs_grad: bool) -> bool:
     return not (torch.compiler.is_compiling() or needs_grad or host_bound(tokens, tensor))
 
 
+def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scale: float, keep) -> bool:
+    """Whether `torch.sigmoid(logits) * gate_scale`, in `dtype`, gives the bits of the float32 formula
+    `sigmoid_gate(logits, gate_scale, None).to(dtype)` with two ops (bfloat16: four) fewer, for host-bound
+    calls. PyTorch computes a bfloat16/float16 sigmoid in float32 and rounds once, as the cast does (checked
+    on every bfloat16 and float16 value, `tests/kernels/test_fused_gate.py`); a scale of 2 is exact but
+    comes after the rounding, which differs where the sigmoid is subnormal: below 1.2e-38 in bfloat16 (logits
+    <= -87), below 6.1e-5 in float16 (logits < -9.7, so float16 takes this formula only with scale 1).
+    Without `keep` (a float32 keep would promote the gate to float32)."""
+    if keep is not None or logits_dtype != dtype or gate_scale not in (1.0, 2.0):
+        return False
+    return dtype in (torch.float32, torch.bfloat16) or (dtype == torch.float16 and gate_scale == 1.0)
+
+
 def gate_multiply_unchecked(
     values: torch.Tensor, gate_logits: torch.Tensor, gate_scale: float, keep: torch.Tensor | None
 ) -> torch.Tensor:
@@ -458,13 +471,17 @@ def gate_multiply_unchecked(
       step, x1.075 / x1.087 the ungated time against x1.095 / x1.110 with the kernel's forward and backward
       (headwise / elementwise, 4k tokens; the kernel used less memory: x1.017 / x1.042 against x1.018 /
       x1.075);
-    - host-bound calls (`host_bound`: eager decode): the same ops, fewer host steps than a Triton launch.
+    - host-bound calls (`host_bound`: eager decode) without gradients: `host_bound_gate`, two or three torch
+      ops, fewer host steps than a Triton launch or the float32 formula's casts.
     """
     if torch.compiler.is_compiling():
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
     needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
     if not fused_pays(values.shape[:-2].numel(), values, needs_grad):
-        return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
+        if needs_grad or not rounds_like_float32(values.dtype, gate_logits.dtype, gate_scale, keep):
+            return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
+        gate = torch.sigmoid(gate_logits)  # (..., G, w) in the dtype of values: see rounds_like_float32
+        return values * (gate if gate_scale == 1.0 else gate * gate_scale)
     if values.device.type != "cuda":
         _require_triton(values.device)
     from .gate_multiply import gate_multiply_forward

@@ -63,6 +63,7 @@ def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> None:
     forward = _merged_forward(query, gate, block_patch, weight, bias)
     setattr(forward, _OURS, True)
     query.forward = forward
+    block_patch.query_computes_logits()
 
 
 def _reparented(param: nn.Parameter, view: torch.Tensor) -> nn.Parameter:

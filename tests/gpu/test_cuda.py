@@ -202,6 +202,15 @@ def test_greedy_generation_equals_torch(variant, backend):
     assert torch.equal(tokens, expected), f"{backend}:\n{tokens}\ntorch:\n{expected}"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sigmoid_in_half_precision_rounds_like_the_float32_formula(dtype):
+    """Eager decode's gate (`kernels/ops.py: rounds_like_float32`) takes the sigmoid in the model's dtype
+    for the float32 formula's cast: the same bits for every finite value, on this device's kernels."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).to(DEVICE)
+    logits = every[torch.isfinite(every)]
+    assert torch.equal(torch.sigmoid(logits), torch.sigmoid(logits.float()).to(dtype))
+
+
 # ---------------------------------------------------------------------------- 3. CUDA graphs, torch.compile
 
 MAX_LEN, PROMPT, PROMPT_PADDED, WARMUP = 16, 6, 2, 2

@@ -8,8 +8,11 @@ what `"auto"` picks. On CPU the kernels run through Triton's interpreter (confte
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+import transformers
 from helpers import VARIANTS, tiny_inputs, tiny_model
 
 pytest.importorskip("triton")
@@ -103,6 +106,72 @@ def test_one_gemm_for_inference_two_for_training_and_eager_decode(monkeypatch):
     widths.clear()
     model(**prefill).logits.sum().backward()
     assert set(widths) == {32}
+
+
+def _added_ops_per_layer(model, config) -> Counter:
+    """The dispatcher calls (aten ops called from Python) of one bfloat16 eager decode step of `model`
+    minus those of the same model ungated, per layer."""
+
+    def step_ops(model) -> Counter:
+        prompt, token = torch.randint(0, 64, (1, 8)), torch.randint(0, 64, (1, 1))
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=prompt, cache=cache, use_cache=True)
+            with torch.profiler.profile() as profile:
+                model(input_ids=token, cache=cache, use_cache=True)
+        return Counter(
+            event.name
+            for event in profile.events()
+            if event.name.startswith("aten::")
+            and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
+        )
+
+    ungated = step_ops(model)
+    patch(model, config, backend="fused_gate")
+    added = step_ops(model) - ungated
+    layers = model.config.num_hidden_layers
+    assert all(count % layers == 0 for count in added.values()), added
+    return Counter({name: count // layers for name, count in added.items()})
+
+
+@pytest.mark.parametrize("init", ["paper", "identity"])  # gate scale 1 and 2
+def test_eager_bfloat16_decode_step_adds_three_or_four_ops_per_layer(init):
+    """Eager decode is host-bound (every op is host time on a GPU): per layer, the gate adds its logits
+    GEMM, the sigmoid and the multiply (and the identity init's scale of 2), plus three views; no cast (the
+    bfloat16 sigmoid rounds as the float32 formula's cast does) and no hook on the query projection, whose
+    merged forward stashes the logits itself."""
+    model = tiny_model("llama", attn_implementation="sdpa").to(torch.bfloat16)
+    added = _added_ops_per_layer(model, GateConfig(variant="output", init=init))
+    views = {"aten::unflatten": 2, "aten::flatten": 1}
+    assert added == Counter(
+        {"aten::linear": 1, "aten::sigmoid": 1, "aten::mul": 1 + (init == "identity")} | views
+    )
+    assert not model.model.layers[0].self_attn.q_proj._forward_hooks
+
+
+def test_host_bound_gate_has_the_bits_of_the_float32_formula():
+    """Every finite bfloat16 and float16 logit, gated on 16 tokens without gradients (host-bound): the
+    sigmoid in the model's dtype gives the bits of the float32 formula cast to it, also with the identity
+    init's scale 2 except where the sigmoid is subnormal (bfloat16: logits <= -87); float16 with scale 2
+    keeps the float32 formula."""
+    from hf_gate_attention.kernels.ops import gate_multiply_unchecked, rounds_like_float32
+    from hf_gate_attention.kernels.reference import sigmoid_gate
+
+    for dtype in (torch.bfloat16, torch.float16):
+        every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+        logits = every[torch.isfinite(every)].view(16, -1, 1)  # (tokens, G, w): 65,280 or 63,488 values
+        values = torch.randn(*logits.shape[:-1], 2).to(dtype)  # (tokens, G, D)
+        for scale in (1.0, 2.0):
+            with torch.no_grad():
+                out = gate_multiply_unchecked(values, logits, scale, None)
+            expected = values * sigmoid_gate(logits, scale, None).to(dtype)
+            normal = torch.sigmoid(logits.float()) >= torch.finfo(dtype).tiny  # (tokens, G, 1)
+            assert torch.equal(out[normal.expand_as(out)], expected[normal.expand_as(out)]), (dtype, scale)
+            assert torch.equal(out, expected) or scale != 1.0
+    assert not rounds_like_float32(torch.float16, torch.float16, 2.0, None)
+    assert not rounds_like_float32(torch.bfloat16, torch.bfloat16, 1.0, torch.ones(1))  # a float32 keep
+    assert not rounds_like_float32(torch.bfloat16, torch.float32, 1.0, None)
+    assert not rounds_like_float32(torch.bfloat16, torch.bfloat16, 0.5, None)
 
 
 def test_state_dict_names_and_values_are_those_of_the_unmerged_model():

@@ -127,6 +127,26 @@ def _decode_split_kernel(
     b_slot = tl.program_id(1).to(tl.int64)
     b = b_slot // SLOTS
     slot = b_slot % SLOTS
+    tile_row = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) row hh * LQ + i of a group
+    row_ok = tile_row < GROUP * LQ
+    i = tile_row % LQ  # (BLOCK_M,) query position
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    dim_ok = offs_d < D
+    # this chunk's keys [start, chunk_end): none past the filled length
+    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
+    start = c * CHUNK
+    chunk_end = tl.minimum(start + CHUNK, filled)
+    KPM += b * S
+    # with STREAMING, the dropped rows read keys < sink_stop and >= their window_start only
+    sink_stop = 0
+    window_start = tl.zeros([BLOCK_M], dtype=tl.int32)
+    first_window = 0
+    if STREAMING:
+        sink_stop = tl.load(SINK_STOP + b).to(tl.int32)
+        window_start = tl.load(WINDOW_START + b * LQ + i, mask=row_ok, other=S).to(tl.int32)  # (BLOCK_M,)
+        first_window = tl.min(tl.where(row_ok, window_start, S), 0)
+
     # the groups of sequence b, `SLOTS` at a time: with KEPT_FIRST, the kept ones first (without STREAMING
     # only those: a dropped group reads nothing), so that the grid needs slots for the kept ones only
     positions = H // GROUP
@@ -138,124 +158,55 @@ def _decode_split_kernel(
         g = position
         if KEPT_FIRST:
             g = tl.sum(tl.where(group_position == position, tl.arange(0, BLOCK_KV), 0), 0).to(tl.int64)
-        _split_group_chunk(
-            Q, K, V, KEEP, KPM, KV_LEN, SINK_STOP, WINDOW_START, PART_OUT, PART_LSE, stride_qb, stride_qh,
-            stride_ql, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_kvl, H, LQ, S,
-            D, GROUP, CHUNK, NUM_CHUNKS, sm_scale, b, g, c, CAUSAL, HAS_KPM, HAS_KV_LEN, HAS_KEEP, STREAMING,
-            DOT_DTYPE, DOT_PRECISION, BLOCK_D, BLOCK_M, BLOCK_N,
-        )  # fmt: skip
+        h = g * GROUP + tile_row // LQ  # (BLOCK_M,) query head
+        row = (b * LQ + i) * H + h  # (BLOCK_M,) row (b, i, h) of z, keep and the partials
+        end = chunk_end
+        if HAS_KEEP:  # none of the chunk's keys if top-k dropped every row's head
+            row_kept = tl.load(KEEP + row, mask=row_ok, other=0.0) > 0  # (BLOCK_M,)
+            kept = tl.max(row_kept.to(tl.int32), 0) > 0
+        if HAS_KEEP and not STREAMING:
+            end = tl.where(kept, end, start)
+        # with STREAMING, a tile without a kept row runs [start, sink_end) and [window_from, end), whole key
+        # blocks of the chunk, disjoint
+        sink_end = end
+        window_from = end
+        if STREAMING:
+            sink_end = tl.where(kept, end, tl.maximum(tl.minimum(end, sink_stop), start))
+            sink_blocks_end = start + tl.cdiv(sink_end - start, BLOCK_N) * BLOCK_N
+            window_from = start + tl.maximum(first_window - start, 0) // BLOCK_N * BLOCK_N
+            window_from = tl.where(kept, end, tl.minimum(tl.maximum(window_from, sink_blocks_end), end))
 
+        q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + i[:, None] * stride_ql + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, D)
+        keys = K + b * stride_kb + g * stride_kh
+        values = V + b * stride_vb + g * stride_vh
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        # CHUNK is a multiple of BLOCK_N: every key block lies in this chunk; the last is masked at `filled`
+        if STREAMING:
+            acc, l_i, m_i = fwd_key_blocks(
+                acc, l_i, m_i, q, keys, values, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start,
+                sink_end, LQ, filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+                row_kept, sink_stop, window_start, True,
+            )  # fmt: skip
+            acc, l_i, m_i = fwd_key_blocks(
+                acc, l_i, m_i, q, keys, values, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs,
+                window_from, end, LQ, filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE,
+                DOT_PRECISION, row_kept, sink_stop, window_start, True,
+            )  # fmt: skip
+        else:
+            acc, l_i, m_i = fwd_key_blocks(
+                acc, l_i, m_i, q, keys, values, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start,
+                end, LQ, filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
+            )  # fmt: skip
 
-@triton.jit
-def _split_group_chunk(
-    Q,
-    K,
-    V,
-    KEEP,
-    KPM,
-    KV_LEN,
-    SINK_STOP,
-    WINDOW_START,
-    PART_OUT,
-    PART_LSE,
-    stride_qb,
-    stride_qh,
-    stride_ql,
-    stride_kb,
-    stride_kh,
-    stride_ks,
-    stride_vb,
-    stride_vh,
-    stride_vs,
-    stride_kvl,
-    H,
-    LQ,
-    S,
-    D,
-    GROUP,
-    CHUNK,
-    NUM_CHUNKS,
-    sm_scale,
-    b,
-    g,
-    c,
-    CAUSAL: tl.constexpr,
-    HAS_KPM: tl.constexpr,
-    HAS_KV_LEN: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-    STREAMING: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Key chunk `c` of sequence `b`, group `g`, for this program's row block: the partials of its rows."""
-    tile_row = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) row hh * LQ + i of the group
-    row_ok = tile_row < GROUP * LQ
-    h = g * GROUP + tile_row // LQ  # (BLOCK_M,) query head
-    i = tile_row % LQ  # (BLOCK_M,) query position
-    row = (b * LQ + i) * H + h  # (BLOCK_M,) row (b, i, h) of z, keep and the partials
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    dim_ok = offs_d < D
-
-    # this chunk's keys [start, end): none past the filled length, none if top-k dropped every row's head
-    filled = filled_length(KV_LEN, b, stride_kvl, S, HAS_KV_LEN)
-    start = c * CHUNK
-    end = tl.minimum(start + CHUNK, filled)
-    if HAS_KEEP:
-        row_kept = tl.load(KEEP + row, mask=row_ok, other=0.0) > 0  # (BLOCK_M,)
-        kept = tl.max(row_kept.to(tl.int32), 0) > 0
-    if HAS_KEEP and not STREAMING:
-        end = tl.where(kept, end, start)
-    # with STREAMING, the dropped rows read keys < sink_stop and >= their window_start only: a tile without a
-    # kept row runs [start, sink_end) and [window_from, end), whole key blocks of the chunk, disjoint
-    sink_end = end
-    window_from = end
-    sink_stop = 0
-    window_start = tl.zeros([BLOCK_M], dtype=tl.int32)
-    if STREAMING:
-        sink_stop = tl.load(SINK_STOP + b).to(tl.int32)
-        window_start = tl.load(WINDOW_START + b * LQ + i, mask=row_ok, other=S).to(tl.int32)  # (BLOCK_M,)
-        first_window = tl.min(tl.where(row_ok, window_start, S), 0)
-        sink_end = tl.where(kept, end, tl.maximum(tl.minimum(end, sink_stop), start))
-        sink_blocks_end = start + tl.cdiv(sink_end - start, BLOCK_N) * BLOCK_N
-        window_from = start + tl.maximum(first_window - start, 0) // BLOCK_N * BLOCK_N
-        window_from = tl.where(kept, end, tl.minimum(tl.maximum(window_from, sink_blocks_end), end))
-
-    q_ptrs = Q + b * stride_qb + h[:, None] * stride_qh + i[:, None] * stride_ql + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_D)
-    K += b * stride_kb + g * stride_kh
-    V += b * stride_vb + g * stride_vh
-    KPM += b * S
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    # CHUNK is a multiple of BLOCK_N: every key block lies in this chunk; the last one is masked at `filled`
-    if STREAMING:
-        acc, l_i, m_i = fwd_key_blocks(
-            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, sink_end, LQ,
-            filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION, row_kept, sink_stop,
-            window_start, True,
-        )  # fmt: skip
-        acc, l_i, m_i = fwd_key_blocks(
-            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, window_from, end,
-            LQ, filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION, row_kept,
-            sink_stop, window_start, True,
-        )  # fmt: skip
-    else:
-        acc, l_i, m_i = fwd_key_blocks(
-            acc, l_i, m_i, q, K, V, KPM, i, offs_n, offs_d, dim_ok, stride_ks, stride_vs, start, end, LQ,
-            filled, sm_scale * LOG2E, True, CAUSAL, HAS_KPM, DOT_DTYPE, DOT_PRECISION,
-        )  # fmt: skip
-
-    has_key = l_i > 0
-    l_safe = tl.where(has_key, l_i, 1.0)
-    lse = tl.where(has_key, m_i + tl.math.log2(l_safe), float("-inf"))  # base 2; -inf: a neutral partial
-    tl.store(PART_LSE + row * NUM_CHUNKS + c, lse, mask=row_ok)
-    out_ptrs = PART_OUT + (row * NUM_CHUNKS + c)[:, None] * D + offs_d[None, :]
-    tl.store(out_ptrs, acc / l_safe[:, None], mask=(row_ok & has_key)[:, None] & dim_ok[None, :])
+        has_key = l_i > 0
+        l_safe = tl.where(has_key, l_i, 1.0)
+        lse = tl.where(has_key, m_i + tl.math.log2(l_safe), float("-inf"))  # base 2; -inf: a neutral partial
+        tl.store(PART_LSE + row * NUM_CHUNKS + c, lse, mask=row_ok)
+        out_ptrs = PART_OUT + (row * NUM_CHUNKS + c)[:, None] * D + offs_d[None, :]
+        tl.store(out_ptrs, acc / l_safe[:, None], mask=(row_ok & has_key)[:, None] & dim_ok[None, :])
 
 
 @triton.jit

@@ -241,10 +241,18 @@ def test_decode_refuses_gradients_long_queries_and_bad_lengths():
 GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3}  # 3 groups of 2 heads
 
 
-def _gated_llama(backend: str, variant: str = "output", reads: dict | None = None, bare=False, **options):
+def _gated_llama(
+    backend: str,
+    variant: str = "output",
+    reads: dict | None = None,
+    bare=False,
+    top_k=1,
+    unit="kv_group",
+    **options,
+):
     model = tiny_model("llama", bare=bare, **GQA)
     torch.manual_seed(7)  # the same gate weights on both backends
-    config = GateConfig(variant=variant, init="paper", top_k=1, top_k_unit="kv_group", **(reads or {}))
+    config = GateConfig(variant=variant, init="paper", top_k=top_k, top_k_unit=unit, **(reads or {}))
     return patch(model, config, backend=backend, **options)
 
 
@@ -317,10 +325,13 @@ def test_static_cache_prefill_on_triton_equals_torch(length, padded):
     torch.testing.assert_close(logits[1][real], logits[0][real], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("variant", ["output", "qk"])
-def test_decode_steps_launch_one_slot_per_kept_group(variant, monkeypatch):
-    """Backend "triton" tells the decode kernel that a query of a top-1 gate keeps at most 1 group (the
-    kernel then launches one group slot per sequence, `decode_attention.py`): prompt and decode step equal
+@pytest.mark.parametrize(
+    ("variant", "top_k", "unit"), [("output", 1, "kv_group"), ("qk", 1, "kv_group"), ("output", 2, "head")]
+)
+def test_decode_steps_launch_one_slot_per_kept_group(variant, top_k, unit, monkeypatch):
+    """Backend "triton" tells the decode kernel that a query keeps at most `top_k` groups (top-1 of the 3
+    groups; or top-2 of the 6 heads, which may fall in one group: a slot then has nothing to do), and the
+    kernel launches that many group slots per sequence (`decode_attention.py`): prompt and decode step equal
     the torch reference, and every decode call got `kept_groups = top_k * Lq`."""
     import hf_gate_attention.kernels as kernels
 
@@ -335,7 +346,7 @@ def test_decode_steps_launch_one_slot_per_kept_group(variant, monkeypatch):
     inputs = _padded_prompt(5)
     logits = {}
     for backend, options in (("torch", {"sparse": False}), ("triton", {})):
-        model = _gated_llama(backend, variant, **options)
+        model = _gated_llama(backend, variant, top_k=top_k, unit=unit, **options)
         with torch.no_grad():
             out = model(**inputs, use_cache=True)
             ids = out.logits[:, -1:].argmax(-1)
@@ -344,7 +355,7 @@ def test_decode_steps_launch_one_slot_per_kept_group(variant, monkeypatch):
         logits[backend] = torch.cat([out.logits, step.logits], dim=1)[mask.bool()]  # real positions
     torch.testing.assert_close(logits["triton"], logits["torch"], atol=1e-5, rtol=1e-5)
     layers = model.config.num_hidden_layers
-    assert calls == [(5, 5)] * layers + [(1, 1)] * layers  # the prompt's 5 queries, then one step
+    assert calls == [(5, 5 * top_k)] * layers + [(1, top_k)] * layers  # the prompt's 5 queries, one step
 
 
 def test_compiled_static_cache_decode_steps_equal_the_reference():

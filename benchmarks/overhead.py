@@ -72,10 +72,12 @@ class Bench:
     Args:
         model: a causal LM supported by `patch`.
         seq_len (`int`): tokens of the (batch 1) input.
+        backend (`str`): `patch`'s backend.
     """
 
-    def __init__(self, model, seq_len: int):
+    def __init__(self, model, seq_len: int, backend: str = "auto"):
         self.model = model
+        self.backend = backend
         generator = torch.Generator().manual_seed(0)
         self.input_ids = torch.randint(model.config.vocab_size, (1, seq_len), generator=generator)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -89,7 +91,7 @@ class Bench:
             unpatch(self.model)
         if gate is not None:
             torch.manual_seed(0)
-            patch(self.model, GateConfig(init="paper", **gate))
+            patch(self.model, GateConfig(init="paper", **gate), backend=self.backend)
             self.optimizer.add_param_group({"params": list(gate_parameters(self.model))})
 
     def run(self, phase: str) -> None:
@@ -155,13 +157,15 @@ def time_cases(bench: Bench, phases: list[str], cases: list[str], repeats: int) 
     return rows
 
 
-def peak_growths(model_path: str, seq_len: int, threads: int, phases: list[str], cases: list[str]) -> dict:
+def peak_growths(
+    model_path: str, seq_len: int, threads: int, phases: list[str], cases: list[str], backend: str
+) -> dict:
     """Peak RSS growth (MiB) of one call per phase and case (case None: baseline).
 
     Runs in a child process started with a fixed glibc mmap threshold (see the module docstring).
     """
     torch.set_num_threads(threads)
-    bench = Bench(load_model(model_path), seq_len)
+    bench = Bench(load_model(model_path), seq_len, backend)
     growths = {}
     for phase in phases:
         for case in [None, *cases]:
@@ -213,17 +217,21 @@ def main() -> None:
         "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
     )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument(
+        "--backend", default="auto", help="patch's backend (fused_gate, triton: TRITON_INTERPRET=1)"
+    )
     parser.add_argument("--out", default="benchmarks/results/overhead", help="writes <out>.csv and <out>.md")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     model_path = resolve_model(args.model)
     phases = args.phases
-    rows = time_cases(Bench(load_model(model_path), args.seq_len), phases, args.cases, args.repeats)
+    bench = Bench(load_model(model_path), args.seq_len, args.backend)
+    rows = time_cases(bench, phases, args.cases, args.repeats)
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # read by glibc when the child starts
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
         growths = child.submit(
-            peak_growths, model_path, args.seq_len, args.threads, phases, args.cases
+            peak_growths, model_path, args.seq_len, args.threads, phases, args.cases, args.backend
         ).result()
     del os.environ["MALLOC_MMAP_THRESHOLD_"]
 
@@ -234,10 +242,10 @@ def main() -> None:
         row.update(baseline_mem_mib=baseline, patched_mem_mib=patched, mem_ratio=patched / baseline)
         row.update(seq_len=args.seq_len, repeats=args.repeats, **versions, cpu=cpu)
     header = (
-        f"`{command_line()}` on {datetime.date.today()}: {args.model}, {args.seq_len} tokens, batch 1, "
-        f"{args.repeats} paired repeats; {cpu}; torch {versions['torch']}, transformers "
-        f"{versions['transformers']}. Times are medians, ratios medians of paired ratios; peak memory is the "
-        "RSS growth during one call."
+        f"`{command_line()}` on {datetime.date.today()}: {args.model}, backend {args.backend}, "
+        f"{args.seq_len} tokens, batch 1, {args.repeats} paired repeats; {cpu}; torch {versions['torch']}, "
+        f"transformers {versions['transformers']}. Times are medians, ratios medians of paired ratios; peak "
+        "memory is the RSS growth during one call."
     )
     table = markdown(rows, header)
     write_results(args.out, rows, table)

@@ -444,6 +444,36 @@ def fused_pays(tokens: int, tensor: torch.Tensor, needs_grad: bool) -> bool:
     return not (torch.compiler.is_compiling() or needs_grad or host_bound(tokens, tensor))
 
 
+class RecomputedSigmoidGate(torch.autograd.Function):
+    """`values (*, G, D) * sigmoid_gate(logits (*, G, w), scale, keep).to(values.dtype)` in torch ops, whose
+    gradients are those autograd gives that formula, bit for bit, but which keeps for backward only the values
+    and the logits: the float32 sigmoid and the cast gate are recomputed (elementwise gates in bfloat16: 4
+    bytes an element kept instead of 8; float32: 8 instead of 12). `keep (*, G)` gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, values, logits, scale, keep):
+        ctx.save_for_backward(values, logits, keep)
+        ctx.scale = scale
+        return values * sigmoid_gate(logits, scale, keep).to(values.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        values, logits, keep = ctx.saved_tensors
+        # the forward's ops again, then the backward of each in reverse, as autograd runs them
+        sigmoid = torch.sigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32)))  # (*, G, w)
+        gate = ctx.scale * sigmoid
+        if keep is not None:
+            gate = gate * keep.unsqueeze(-1)
+        grad_values = grad * gate.to(values.dtype) if ctx.needs_input_grad[0] else None
+        grad_logits = None
+        if ctx.needs_input_grad[1]:
+            grad_gate = (grad * values).sum_to_size(gate.shape).to(gate.dtype)  # (*, G, w)
+            if keep is not None:
+                grad_gate = grad_gate * keep.unsqueeze(-1)
+            grad_logits = torch.ops.aten.sigmoid_backward(grad_gate * ctx.scale, sigmoid).to(logits.dtype)
+        return grad_values, grad_logits, None, None
+
+
 def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scale: float, keep) -> bool:
     """Whether `torch.sigmoid(logits) * gate_scale`, in `dtype`, gives the bits of the float32 formula
     `sigmoid_gate(logits, gate_scale, None).to(dtype)` with two ops (bfloat16: four) fewer, for host-bound
@@ -470,15 +500,19 @@ def gate_multiply_unchecked(
     - training (gradients needed): the torch path's ops (`gate.apply_gate`'s formula) measured faster per
       step, x1.075 / x1.087 the ungated time against x1.095 / x1.110 with the kernel's forward and backward
       (headwise / elementwise, 4k tokens; the kernel used less memory: x1.017 / x1.042 against x1.018 /
-      x1.075);
-    - host-bound calls (`host_bound`: eager decode) without gradients: `host_bound_gate`, two or three torch
-      ops, fewer host steps than a Triton launch or the float32 formula's casts.
+      x1.075); they run in `RecomputedSigmoidGate`, which keeps the logits for backward instead of the
+      float32 sigmoid and the cast gate;
+    - host-bound calls (`host_bound`: eager decode) without gradients: the sigmoid in the values' dtype when
+      that gives the same bits (`rounds_like_float32`), two or three torch ops, fewer host steps than a
+      Triton launch or the float32 formula's casts.
     """
     if torch.compiler.is_compiling():
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
     needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
     if not fused_pays(values.shape[:-2].numel(), values, needs_grad):
-        if needs_grad or not rounds_like_float32(values.dtype, gate_logits.dtype, gate_scale, keep):
+        if needs_grad:
+            return RecomputedSigmoidGate.apply(values, gate_logits, gate_scale, keep)
+        if not rounds_like_float32(values.dtype, gate_logits.dtype, gate_scale, keep):
             return values * sigmoid_gate(gate_logits, gate_scale, keep).to(values.dtype)
         gate = torch.sigmoid(gate_logits)  # (..., G, w) in the dtype of values: see rounds_like_float32
         return values * (gate if gate_scale == 1.0 else gate * gate_scale)

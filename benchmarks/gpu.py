@@ -32,7 +32,9 @@ Phases:
   its own cases: `ungated` (sdpa), the dense gated reference `output/headwise:fused_gate`, and
   `GateConfig(variant="output", granularity="headwise", init="paper", top_k=k, top_k_unit="kv_group")` on
   backend `triton` for each k of `--top-ks` (1, 2, 4, 8 of the 8 key/value groups; k = 8 keeps every group:
-  the kernel's all-kept time), and for each k of `--reads-top-ks` (1, 2) the same with `top_k_sink=4,
+  the kernel's all-kept time), for each k of `--slot-top-ks` (1, 2) the same on the decode kernel's grid
+  before group slots (one slot per key/value group, `gpu_bench.one_slot_per_group`: the side-by-side
+  measure of the slots), and for each k of `--reads-top-ks` (1, 2) the same with `top_k_sink=4,
   top_k_window=64` (dropped groups read their sink and window keys). One `StaticCache` per (context, batch),
   `max_cache_len` = context + `--sparse-steps`, its first `context` slots filled with random keys and values
   in place (decode time does not depend on them) and its filled length set, rewound after each measurement,
@@ -253,6 +255,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--top-ks", type=int, nargs="+", default=[1, 2, 4, 8], help="sparse_decode: kept key/value groups"
+    )
+    parser.add_argument(
+        "--slot-top-ks",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="sparse_decode: kept groups of the cases on the decode kernel's grid of one slot per group",
     )
     parser.add_argument(
         "--reads-top-ks",

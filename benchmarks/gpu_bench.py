@@ -16,7 +16,18 @@ START = time.perf_counter()
 import torch
 from harness import interleaved, ratio_fields, ratios
 
+import hf_gate_attention.kernels as gate_kernels
 from hf_gate_attention import GateConfig, gate_backend_of, patch, unpatch
+
+DECODE_ATTENTION = gate_kernels.gated_decode_attention
+
+
+def one_slot_per_group(*args, kept_groups=None, **options):
+    """The split-KV decode kernel as it ran before group slots (21525cb): one slot per key/value group,
+    `kept_groups` dropped. The `... one slot per group` cases of sparse_decode run it, for a side-by-side
+    comparison with the same top-k on slots sized for the kept groups."""
+    return DECODE_ATTENTION(*args, **options)
+
 
 BASELINE = "ungated"
 # (phase, metric) -> (headwise, elementwise) bounds on the ratio to the baseline
@@ -83,6 +94,11 @@ class Bench:
         for k in args.top_ks:
             gate = {**headwise, "top_k": k, "top_k_unit": "kv_group"}
             self.sparse_cases[f"output/headwise top-{k}:triton"] = (gate, "triton")
+        self.one_slot_per_group_cases = set()
+        for k in getattr(args, "slot_top_ks", ()):  # the same top-k on the decode kernel's previous grid
+            case = f"output/headwise top-{k}:triton, one slot per group"
+            self.sparse_cases[case] = ({**headwise, "top_k": k, "top_k_unit": "kv_group"}, "triton")
+            self.one_slot_per_group_cases.add(case)
         for k in getattr(args, "reads_top_ks", ()):  # dropped groups read 4 sink and 64 window keys
             gate = {**headwise, "top_k": k, "top_k_unit": "kv_group", "top_k_sink": 4, "top_k_window": 64}
             self.sparse_cases[f"output/headwise top-{k} sink 4 + window 64:triton"] = (gate, "triton")
@@ -105,6 +121,9 @@ class Bench:
         if self.case != BASELINE:
             self.case = BASELINE
             unpatch(self.model)
+        gate_kernels.gated_decode_attention = (
+            one_slot_per_group if case in self.one_slot_per_group_cases else DECODE_ATTENTION
+        )
         if case != BASELINE:
             gate, backend = {**self.cases, **self.sparse_cases, **self.phase_cases}[case]
             torch.manual_seed(0)

@@ -144,6 +144,28 @@ def test_sparse_decode_cases_with_sink_and_window_reads():
     assert backend == "triton" and (gate["top_k"], gate["top_k_sink"], gate["top_k_window"]) == (2, 4, 64)
 
 
+def test_one_slot_per_group_cases_run_the_decode_kernel_without_kept_groups(monkeypatch):
+    """The `..., one slot per group` cases swap the package's decode attention for `one_slot_per_group`
+    (the kernel called without `kept_groups`, as before group slots) while they are set, and only then."""
+    import gpu_bench
+    from helpers import tiny_model
+
+    import hf_gate_attention.kernels as gate_kernels
+
+    calls = []
+    monkeypatch.setattr(gate_kernels, "gated_decode_attention", gate_kernels.gated_decode_attention)
+    monkeypatch.setattr(gpu_bench, "DECODE_ATTENTION", lambda *args, **options: calls.append(options))
+    model = tiny_model("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
+    args = SimpleNamespace(device="cpu", gates=[], backends=[], top_ks=[1], slot_top_ks=[1], rounds=1)
+    bench = Bench(model, args)
+    case = "output/headwise top-1:triton, one slot per group"
+    assert bench.sparse_cases[case] == bench.sparse_cases[TOP1]
+    for name, passed in ((case, {}), (TOP1, {"kept_groups": 1}), (case, {}), (BASELINE, {"kept_groups": 1})):
+        bench.set_case(name)
+        gate_kernels.gated_decode_attention(kept_groups=1)
+        assert calls.pop() == passed, name
+
+
 def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
     """`--phase-top-ks 2`: prefill times top-2 zeroed and with sink + window reads beside the dense gate;
     their time / dense gated per round is judged against 1.05, not the dense gates' targets."""

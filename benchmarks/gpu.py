@@ -256,28 +256,16 @@ def main() -> None:
     parser.add_argument(
         "--top-ks", type=int, nargs="+", default=[1, 2, 4, 8], help="sparse_decode: kept key/value groups"
     )
-    parser.add_argument(
-        "--slot-top-ks",
-        type=int,
-        nargs="*",
-        default=[1, 2],
-        help="sparse_decode: kept groups of the cases on the decode kernel's grid of one slot per group",
-    )
-    parser.add_argument(
-        "--reads-top-ks",
-        type=int,
-        nargs="*",
-        default=[1, 2],
-        help="sparse_decode: kept groups of the cases whose dropped groups read 4 sink + 64 window keys",
-    )
-    parser.add_argument(
-        "--phase-top-ks",
-        type=int,
-        nargs="*",
-        default=[2],
-        help="prefill and train: also top-k of the key/value groups on triton, zeroed and with 4 sink + 64 "
-        "window reads, against the dense gate",
-    )
+    optional_top_ks = {  # option -> (default, help): extra top-k cases, none with an empty list
+        "--slot-top-ks": ([1, 2], "sparse_decode: kept groups of cases on the decode kernel's grid of one "
+                          "slot per group"),
+        "--reads-top-ks": ([1, 2], "sparse_decode: kept groups of cases whose dropped groups read 4 sink + "
+                           "64 window keys"),
+        "--phase-top-ks": ([2], "prefill and train: also top-k of the key/value groups on triton, zeroed "
+                           "and with 4 sink + 64 window reads, against the dense gate"),
+    }  # fmt: skip
+    for option, (default, help_text) in optional_top_ks.items():
+        parser.add_argument(option, type=int, nargs="*", default=default, help=help_text)
     parser.add_argument("--sparse-steps", type=int, default=32, help="sparse_decode: steps per measurement")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048, help="hidden size (intermediate: 4x)")

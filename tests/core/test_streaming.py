@@ -88,6 +88,16 @@ BLOCKED_CASES = [
 ]
 
 
+def _assert_equal_with_gradients(out, expected, inputs, generator) -> None:
+    """`out` equals `expected` (float64), and so do the gradients of `inputs` under random output weights."""
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
+    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights).sum(), inputs)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("kind", "batch", "heads", "groups", "queries", "keys", "sink", "window"),
     BLOCKED_CASES,
@@ -108,12 +118,7 @@ def test_blocked_reads_equal_the_masked_reads_forward_and_backward(
     assert out is not None
     query, key, value = inputs  # SDPA's default scale is 16**-0.5
     expected = _by_mask(query * 0.3 * 16**0.5, key, value, allowed, sink, window)
-    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
-    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
-    grads = torch.autograd.grad((out * weights).sum(), inputs)
-    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-12)
+    _assert_equal_with_gradients(out, expected, inputs, generator)
     sees_nothing = ~allowed.any(-1, keepdim=True)  # (B, 1, L, 1): padding queries before their sequence
     assert torch.equal(out * sees_nothing, torch.zeros_like(out))
 
@@ -131,12 +136,7 @@ def test_blocked_reads_without_a_mask_follow_causality(causal, length):
     allowed = streaming.allowed_keys(None, length, length, causal, "cpu")
     out = streaming.blocked_streaming_attention(*inputs, None, causal, 2, 5)
     expected = _by_mask(*inputs, allowed, 2, 5)
-    torch.testing.assert_close(out, expected, atol=1e-12, rtol=1e-12)
-    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
-    grads = torch.autograd.grad((out * weights).sum(), inputs)
-    expected_grads = torch.autograd.grad((expected * weights).sum(), inputs)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, atol=1e-12, rtol=1e-12)
+    _assert_equal_with_gradients(out, expected, inputs, generator)
 
 
 @pytest.mark.parametrize("length", [32, 37])

@@ -10,12 +10,18 @@ Phases:
 
 - `prefill`: a no-grad forward of `--prefill-len` tokens (batch 1, no KV cache, last logits only); this
   phase and `train` also time, for each k of `--phase-top-ks` (2), `output/headwise` with `top_k=k` of the
-  key/value groups on `triton`, zeroed and with `top_k_sink=4, top_k_window=64`, as time / dense gated
-  (`output/headwise:fused_gate`) against `SPARSE_PHASE_DENSE_LIMIT` (issue 23: <= 1.05);
+  key/value groups on `triton`, zeroed (SDPA and the masked gate pass; and `sparse=True`, the flash kernel
+  skipping tiles: `... skipping tiles:triton`) and with `top_k_sink=4, top_k_window=64`, as time / dense
+  gated (`output/headwise:fused_gate`) against `SPARSE_PHASE_DENSE_LIMIT` (issue 23: <= 1.05);
 - `train`: one step on `--train-len` tokens (batch 1, `model.train()`, gradient on every parameter): forward
   with labels, backward, `zero_grad(set_to_none=True)`; no optimizer step, so the weights stay fixed and the
   memory compares activations and gradients. Peak memory: `torch.cuda.max_memory_allocated` after resetting it
   before the step (weights included);
+- `train_profile`: the `train` step of every case, `PROFILED_STEPS` (3) times under `torch.profiler` after
+  one unrecorded step: the kernel time on the device per step and its ratio to ungated (host noise does not
+  reach it, unlike the wall times of `train`), launches added, and the kernels that add the most time;
+  `gpu_profile.csv` has every (case, kernel name) with its calls and time added to the ungated step. On a
+  CPU, the aten ops' self times. One recording per case, not interleaved rounds;
 - `decode_eager`: `--decode-steps` single-token forwards per batch size on transformers' `DynamicCache` of
   `--context` tokens, prefilled once per batch size by the ungated model and rewound after each measurement;
 - `decode_graph`: the same with a `StaticCache` (`max_cache_len` = context + steps) and one decode step
@@ -75,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import time
 from pathlib import Path
 
@@ -93,21 +100,23 @@ from gpu_bench import (  # first: it starts the run's clock (START) before torch
 import torch
 import transformers
 from gpu_phases import (
+    PROFILED_STEPS,
     run_decode_eager,
     run_decode_graph,
     run_kernels,
     run_prefill,
     run_sparse_decode,
     run_train,
+    run_train_profile,
 )
 from harness import command_line, cpu_model, markdown_table, missing, write_csv
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_gate_attention.files import atomic_write_text
 
-PHASES = ("prefill", "train", "decode_eager", "decode_graph", "sparse_decode", "kernels")
-PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "decode_eager": 2.0, "decode_graph": 2.0, "sparse_decode": 2.0}
-PHASE_WEIGHTS["kernels"] = 1.5  # shares of --budget-s
+PHASES = ("prefill", "train", "train_profile", "decode_eager", "decode_graph", "sparse_decode", "kernels")
+PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "train_profile": 1.0, "decode_eager": 2.0, "decode_graph": 2.0}
+PHASE_WEIGHTS.update(sparse_decode=2.0, kernels=1.5)  # shares of --budget-s
 CUDA_PHASES = ("decode_graph", "sparse_decode", "kernels")
 
 
@@ -148,6 +157,9 @@ KERNEL_COLUMNS.update({"pass": "pass", "first call s": "first_call_s", "median m
 KERNEL_COLUMNS.update(
     {"throughput vs sdpa [min, max]": "ratio", "max abs diff vs torch_gate": "max_abs_diff_vs_torch_gate"}
 )
+PROFILE_COLUMNS = {"case": "case", "resolved": "resolved_backend", "device ms per step": "device_ms"}
+PROFILE_COLUMNS.update({"device time vs ungated": "device_vs_ungated", "launches added": "added_launches"})
+PROFILE_COLUMNS.update({"largest additions (us per step, launches)": "largest_additions"})
 TAIL_COLUMNS = {"rounds": "rounds", "note": "error"}
 
 
@@ -163,6 +175,8 @@ def markdown(rows: list[dict], header: list[str], durations: dict, args) -> str:
     titles = {
         "prefill": f"prefill: no-grad forward of {args.prefill_len:,} tokens, batch 1",
         "train": f"train: forward + backward + zero_grad, {args.train_len:,} tokens, batch 1, no optimizer",
+        "train_profile": f"train_profile: the train step under torch.profiler, {PROFILED_STEPS} steps per "
+        "case; kernel time on the device (every kernel: gpu_profile.csv)",
         "decode_eager": f"decode_eager: {args.decode_steps} steps, DynamicCache of {args.context:,} tokens",
         "decode_graph": f"decode_graph: {args.decode_steps} graph replays, StaticCache of {args.context:,}",
         "sparse_decode": f"sparse_decode: {args.sparse_steps} graph replays, random StaticCache of each "
@@ -178,6 +192,7 @@ def markdown(rows: list[dict], header: list[str], durations: dict, args) -> str:
                 lines += [phase_rows[0]["skipped"], ""]
                 continue
             columns = {"kernels": KERNEL_COLUMNS, "sparse_decode": SPARSE_COLUMNS}.get(phase, MODEL_COLUMNS)
+            columns = PROFILE_COLUMNS if phase == "train_profile" else columns
             lines += [*table(phase_rows, columns), ""]
     first = {}  # the first forward + backward of a case: its first prefill and train calls
     for r in rows:
@@ -210,9 +225,11 @@ def build_model(args):
     return model.eval().requires_grad_(True)
 
 
-def measure(phase: str, bench: Bench | None, args, deadline: float, rows: list[dict], save) -> None:
-    """Add the rows of one phase to `rows`, calling `save()` after each part (batch size, kernel shape); an
-    error outside the per-case calls becomes a row of the phase."""
+def measure(phase: str, bench: Bench | None, args, deadline: float, tables: dict, save) -> None:
+    """Add the rows of one phase to its table of `tables` (`model`, `kernels`; `profile`: train_profile's
+    kernels), calling `save()` after each part (batch size, kernel shape); an error outside the per-case
+    calls becomes a row of the phase."""
+    rows = tables["kernels" if phase == "kernels" else "model"]
     if phase in CUDA_PHASES and torch.device(args.device).type != "cuda":
         rows.append({"phase": phase, "case": "-", "skipped": f"Skipped: {phase} needs CUDA (--device cuda)."})
     elif phase == "kernels":
@@ -221,7 +238,8 @@ def measure(phase: str, bench: Bench | None, args, deadline: float, rows: list[d
         except Exception as error:
             rows.append({"phase": phase, "method": "all", "error": error_text(error)})
     elif bench is not None:
-        runner = {"prefill": run_prefill, "train": run_train}.get(phase)
+        profile = functools.partial(run_train_profile, kernel_rows=tables["profile"])
+        runner = {"prefill": run_prefill, "train": run_train, "train_profile": profile}.get(phase)
         parts = [{"batch": 1}] if runner else [{"batch": batch} for batch in args.batches]
         if phase == "sparse_decode":  # one static cache per (context, batch), allocated and freed in turn
             parts = [{"batch": b, "context": c} for c in args.sparse_contexts for b in args.batches]
@@ -262,7 +280,8 @@ def main() -> None:
         "--reads-top-ks": ([1, 2], "sparse_decode: kept groups of cases whose dropped groups read 4 sink + "
                            "64 window keys"),
         "--phase-top-ks": ([2], "prefill and train: also top-k of the key/value groups on triton, zeroed "
-                           "and with 4 sink + 64 window reads, against the dense gate"),
+                           "(masked, and skipping tiles) and with 4 sink + 64 window reads, against the "
+                           "dense gate"),
     }  # fmt: skip
     for option, (default, help_text) in optional_top_ks.items():
         parser.add_argument(option, type=int, nargs="*", default=default, help=help_text)
@@ -297,7 +316,7 @@ def main() -> None:
         "[min, max]. " + targets_text(args.kv_heads),
     ]
     log(f"{machine}; {versions}")
-    out, rows, durations = Path(args.out), {"model": [], "kernels": []}, {}
+    out, rows, durations = Path(args.out), {"model": [], "kernels": [], "profile": []}, {}
 
     def save() -> None:
         for name, part in rows.items():
@@ -319,7 +338,7 @@ def main() -> None:
         phase_start = time.perf_counter()
         phase_deadline = phase_start + (deadline - phase_start) * share
         log(f"phase {phase} (budget until +{phase_deadline - START:.0f}s)")
-        measure(phase, bench, args, phase_deadline, rows["kernels" if phase == "kernels" else "model"], save)
+        measure(phase, bench, args, phase_deadline, rows, save)
         if cuda:
             torch.cuda.empty_cache()
         durations[phase] = time.perf_counter() - phase_start

@@ -102,11 +102,14 @@ class Bench:
         for k in getattr(args, "reads_top_ks", ()):  # dropped groups read 4 sink and 64 window keys
             gate = {**headwise, "top_k": k, "top_k_unit": "kv_group", "top_k_sink": 4, "top_k_window": 64}
             self.sparse_cases[f"output/headwise top-{k} sink 4 + window 64:triton"] = (gate, "triton")
-        # prefill and train also time top-k on triton, zeroed and with the reads, against the dense gate
-        self.phase_cases = {}
+        # prefill and train also time top-k on triton against the dense gate: zeroed (SDPA and the masked gate
+        # pass; `sparse=True`: the flash kernel skipping tiles) and with the reads
+        self.phase_cases, self.tile_skipping_cases = {}, set()
         for k in getattr(args, "phase_top_ks", ()):
             gate = {**headwise, "top_k": k, "top_k_unit": "kv_group"}
             self.phase_cases[f"output/headwise top-{k}:triton"] = (gate, "triton")
+            self.phase_cases[f"output/headwise top-{k} skipping tiles:triton"] = (gate, "triton")
+            self.tile_skipping_cases.add(f"output/headwise top-{k} skipping tiles:triton")
             reads = {**gate, "top_k_sink": 4, "top_k_window": 64}
             self.phase_cases[f"output/headwise top-{k} sink 4 + window 64:triton"] = (reads, "triton")
         self.case, self.resolved = BASELINE, {BASELINE: "-"}
@@ -128,7 +131,8 @@ class Bench:
             gate, backend = {**self.cases, **self.sparse_cases, **self.phase_cases}[case]
             torch.manual_seed(0)
             try:
-                patch(self.model, GateConfig(init="paper", **gate), backend=backend)
+                sparse = True if case in self.tile_skipping_cases else None
+                patch(self.model, GateConfig(init="paper", **gate), backend=backend, sparse=sparse)
             except Exception:
                 with contextlib.suppress(Exception):  # a patch that failed half-way
                     unpatch(self.model)

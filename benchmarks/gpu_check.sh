@@ -4,7 +4,7 @@
 # <= 215 s). Prepare on this side first: `make install && bash ../shared/gpu/prepare.sh &&
 # bash benchmarks/gpu_wheels.sh`, then run with carry [".gpu-wheels"]:
 #     source .gpu-wheels/env.sh && bash benchmarks/gpu_check.sh
-# Writes under $OUT (default /tmp/gpu-check): gpu/gpu.md, gpu/gpu_model.csv, gpu/gpu_kernels.csv, bench.log,
+# Writes under $OUT (default /tmp/gpu-check): gpu/gpu.md, gpu/gpu_{model,kernels,profile}.csv, bench.log,
 # pytest_gpu.log, machine.txt. Commit GPU results only from such a run (benchmarks/results/gpu.*).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check}

@@ -3,6 +3,7 @@ kernel shape) in interleaved rounds and returns its rows."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -57,14 +58,17 @@ def run_prefill(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
     return bench.rows("prefill", args.prefill_len, 1, results, args.prefill_len)
 
 
+def train_step(model, ids: torch.Tensor) -> None:
+    """One training step of `train` and `train_profile`: forward with labels, backward, `zero_grad`."""
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
 def run_train(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
     args, model = bench.args, bench.model
     ids = bench.tokens(1, args.train_len)
     cuda = bench.device.type == "cuda"
-
-    def step():
-        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-        model.zero_grad(set_to_none=True)
+    step = functools.partial(train_step, model, ids)
 
     def run(case):
         bench.set_case(case)
@@ -79,6 +83,83 @@ def run_train(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
     results = bench.interleaved("train", run, deadline, [*bench.cases, *bench.phase_cases])
     model.eval()
     return bench.rows("train", args.train_len, 1, results, args.train_len)
+
+
+PROFILED_STEPS = 3  # train_profile: training steps recorded per case (times are per step)
+PROFILE_ADDITIONS = 5  # train_profile: the kernels with the largest added time named in each case's row
+
+
+def device_times(step, steps: int, cuda: bool) -> dict[str, tuple[float, float]]:
+    """What `step()` ran, `steps` times under `torch.profiler`: name -> (calls, self time in us) per step, of
+    the CUDA kernels on a GPU (device time: host noise does not reach it), of the aten ops on a CPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    times = {}
+    for event in profiler.key_averages():
+        if cuda and event.device_type == DeviceType.CUDA:
+            times[event.key] = (event.count / steps, event.self_device_time_total / steps)
+        elif not cuda and event.key.startswith("aten::"):
+            times[event.key] = (event.count / steps, event.self_cpu_time_total / steps)
+    return times
+
+
+def run_train_profile(bench: Bench, deadline: float, kernel_rows: list, batch: int = 1) -> list[dict]:
+    """The `train` phase's step (`--train-len` tokens) of every case, `PROFILED_STEPS` times under the
+    profiler after one unrecorded step: one row per case (device time per step, its ratio to ungated,
+    launches added, the kernels that add the most time), and one per (case, kernel name) appended to
+    `kernel_rows`, with what it adds to the ungated step. Not interleaved rounds: one recording per case, in
+    case order (device times vary far less than wall times; the `train` phase times the steps)."""
+    args, model = bench.args, bench.model
+    cuda = bench.device.type == "cuda"
+    step = functools.partial(train_step, model, bench.tokens(1, args.train_len))
+    recorded = {}
+    for case in [*bench.cases, *bench.phase_cases]:
+        if time.perf_counter() > deadline and case != BASELINE:
+            log(f"train_profile: no time left for {case}")
+            continue
+        try:
+            bench.set_case(case)
+            model.train()
+            step()
+            recorded[case] = device_times(step, PROFILED_STEPS, cuda)
+        except Exception as error:
+            recorded[case] = error_text(error)
+            bench.recover()
+    model.eval()
+    base = recorded.get(BASELINE)
+    rows = []
+    for case, times in recorded.items():
+        row = {"phase": "train_profile", "tokens": args.train_len, "batch": 1, "case": case}
+        row["resolved_backend"] = bench.resolved.get(case, "")
+        if isinstance(times, str) or isinstance(base, str):
+            rows.append({**row, "error": times if isinstance(times, str) else f"ungated: {base}"})
+            continue
+        added = {}  # name -> (calls, us) added to the ungated step, largest time first
+        for name in {*times, *base}:
+            (calls, us), (base_calls, base_us) = times.get(name, (0, 0.0)), base.get(name, (0, 0.0))
+            added[name] = (calls - base_calls, us - base_us)
+        added = dict(sorted(added.items(), key=lambda item: -item[1][1]))
+        for name, (calls, us) in added.items():
+            kernel_rows.append({"case": case, "kernel": name, "calls": times.get(name, (0, 0))[0],
+                                "device_us": times.get(name, (0, 0.0))[1], "added_calls": calls,
+                                "added_us": us})  # fmt: skip
+        total, base_total = (sum(us for _, us in t.values()) for t in (times, base))
+        largest = list(added.items())[:PROFILE_ADDITIONS]
+        row.update(device_ms=total / 1e3, device_vs_ungated=total / base_total)
+        row["added_launches"] = sum(calls for calls, _ in added.values())
+        if case != BASELINE:
+            row["largest_additions"] = "; ".join(
+                f"{name[:80]} {us:+.0f} us ({calls:+g})" for name, (calls, us) in largest if us > 0
+            )
+        rows.append(row)
+    return rows
 
 
 @torch.no_grad()

@@ -85,8 +85,8 @@ def check_backend_name(name: str) -> None:
 
 
 # What "auto" tries on a CUDA device, first that can serve the model wins (measured on an H200,
-# benchmarks/results/gpu.md): dense gates run fastest on the vendor attention with the gate in one fused pass;
-# with top_k the Triton attention skips dropped tiles, while the torch sparse path loops in Python per group.
+# benchmarks/results/gpu/): dense gates run fastest on the vendor attention with the gate in one fused pass;
+# with top_k the Triton decode kernel skips dropped groups, while the torch sparse path loops in Python.
 AUTO_ON_CUDA = {"dense": ("fused_gate",), "top_k": ("triton",)}
 
 

@@ -58,6 +58,7 @@ class _BlockPatch:
         geometry: dict,
         gate_multiply=None,
         gate_in_attention: bool = False,
+        sparse: bool | None = None,
     ):
         self.block = block
         self.family = family
@@ -66,6 +67,7 @@ class _BlockPatch:
         self.scale = config.gate_scale
         self.gate_multiply = gate_multiply  # the backend's fused gate pass, or None (torch's `apply_gate`)
         self.gate_in_attention = gate_in_attention
+        self.sparse = sparse  # patch(sparse=...): how top_k runs, for attention functions deciding per call
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
@@ -273,12 +275,14 @@ def add_gates(
     layout: dict,
     gate_multiply=None,
     gate_in_attention: bool = False,
+    sparse: bool | None = None,
 ) -> None:
     """Give every block of `layout` (from `attention_layout`) an `attn_gate` and its hooks; record `config`.
 
     `gate_multiply` is the backend's fused gate pass (`GateBackend.gate_multiply`), or `None` for plain torch
     (hooks.py itself imports no backend, so that it can ship as remote code).
     `gate_in_attention`: the model's attention function applies the gate (`take_gate*`), not the hooks.
+    `sparse`: `patch`'s argument, kept on each block patch.
     """
     base = unwrap_model(model)
     patches = []
@@ -292,6 +296,6 @@ def add_gates(
             device=query_weight.device,
         )
         block.add_module(GATE_MODULE_NAME, gate)
-        patches.append(_BlockPatch(block, family, config, geometry, gate_multiply, gate_in_attention))
+        patches.append(_BlockPatch(block, family, config, geometry, gate_multiply, gate_in_attention, sparse))
     setattr(base, PATCHES_ATTRIBUTE, patches)
     setattr(base.config, CONFIG_ATTRIBUTE, config.to_dict())

@@ -64,9 +64,11 @@ def patch(
             with `top_k`, when they can serve the model; else `"torch"`. Not saved with the model: choose it
             again when loading.
         sparse (`bool`, *optional*): how `top_k` runs. `None` (default): skip the work of the dropped heads
-            and key/value groups where the backend can (torch on CPU: `core/sparse.py`, variants
-            `output`/`qk`; triton: always), else compute every head and mask the dropped ones. `True`: skip,
-            or raise `ValueError` saying why it cannot. `False`: the masked reference (torch only).
+            and key/value groups where that measured faster (torch on CPU: `core/sparse.py`, variants
+            `output`/`qk`; triton: decode, whose kernel never reads a dropped group's cache), else compute
+            every head and mask the dropped ones. `True`: skip wherever the backend can (triton: also the
+            flash kernel's tiles in prefill and training), or raise `ValueError` saying why it cannot.
+            `False`: the masked reference (torch only).
         train_gates_only: freeze every parameter except the new gates.
     """
     check_backend_name(backend)
@@ -82,7 +84,7 @@ def patch(
     query_weight = first_block.get_submodule(family.query).weight
     runner = resolve_backend(backend, config, base.config, first_geometry["head_dim"], query_weight)
     attention = runner.attention(config, base.config, sparse, query_weight) if runner.attention else None
-    add_gates(base, config, family, layout, runner.gate_multiply, gate_in_attention=attention is not None)
+    add_gates(base, config, family, layout, runner.gate_multiply, attention is not None, sparse)
     setattr(base, _BACKEND_ATTRIBUTE, runner.name)
     for name, method in _INSTANCE_METHODS.items():
         setattr(base, name, MethodType(method, base))

@@ -7,10 +7,12 @@
   With `top_k` it masks (computes every head).
 - `"triton"`: our flash attention with the gate in its epilogue (`gated_attention.py`), through the attention
   implementation `hf_gate_attention_triton` registered on that instance: the least memory (no ungated copy of
-  the attention output is kept), and with `top_k` it skips the tiles of dropped heads. Slower than the vendor
-  kernels at dense attention (benchmarks/results/gpu.md). Queries of at most 16 positions without gradients
-  (decode) run the split-KV decode kernel (`decode_attention.py`), which never reads dropped groups' cache.
-  With a static cache, the filled length reaches both kernels through the mask (`key_mask`), on the device.
+  the attention output is kept). Slower than the vendor kernels at dense attention
+  (benchmarks/results/gpu/). Queries of at most 16 positions without gradients (decode) run the split-KV
+  decode kernel (`decode_attention.py`), which never reads dropped groups' cache. With `top_k`, prefill and
+  training run SDPA and mask (`masked_top_k_attention`), or with `sparse=True` the flash kernel, which skips
+  the tiles of dropped heads. With a static cache, the filled length reaches both kernels through the mask
+  (`key_mask`), on the device.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.nn import functional as F
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
 from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from ..core.sparse import sparse_unavailable_reason
 from ..core.streaming import blocked_streaming_attention, streaming_keys
 from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
@@ -93,9 +96,11 @@ def key_mask(
 ) -> torch.Tensor | None:
     """The mask transformers builds for `fused_attention_forward` (an `AttentionMaskInterface` function).
 
-    As `flash_attention_mask`: `None`, or the `(B, S)` bool key padding mask, but kept when it masks nothing
-    (deciding that would read it on the host: a sync, and a graph break under `torch.compile`; the kernels
-    take an all-True mask at a small cost). A static cache hands the
+    As `flash_attention_mask`: `None`, or the `(B, S)` bool key padding mask. A mask that masks nothing goes
+    for more than `MAX_DECODE_QUERIES` queries (prefill, training), so that SDPA can run its flash kernel:
+    deciding that reads it on the host, one sync per forward, as transformers' own SDPA mask does; decode
+    steps, `torch.compile` and CUDA-graph capture keep it (no sync, no graph break; the kernels take an
+    all-True mask at a small cost). A static cache hands the
     attention all its `S = max_cache_len` slots, filled only up to `q_offset + q_length` (`q_offset`: the
     cache's own position tensor): then an int64 `(B, S)` tensor, that filled length at each key to attend
     and 0 elsewhere, so that the kernels get the filled length on the device (`_key_mask_and_length`)."""
@@ -105,14 +110,24 @@ def key_mask(
     # every key exists: no cache or a dynamic one; encoders (prefix tuning has more keys than queries there)
     every_key = not isinstance(filled, torch.Tensor) and filled >= kv_length
     if every_key or kwargs.get("mask_function") is bidirectional_mask_function:
-        # sliced from the right, as flash_attention_mask does (sliding windows, chunks)
-        return None if attention_mask is None else attention_mask[:, -kv_length:].bool()
+        if attention_mask is None:
+            return None
+        padding = attention_mask[:, -kv_length:].bool()  # from the right, as flash_attention_mask slices
+        if q_length > MAX_DECODE_QUERIES and not _tracing(padding) and bool(padding.all()):
+            return None
+        return padding
     attend = torch.arange(kv_length, device=kwargs.get("device", "cpu")) < filled  # (S,)
     attend = attend.expand(batch_size, kv_length)  # (B, S)
     if attention_mask is not None:  # (B, slots up to now) from generate: padding slots are False
         padding = attention_mask[:, -kv_length:].bool()
         attend = attend & F.pad(padding, (0, kv_length - padding.shape[-1]))
     return torch.where(attend, filled, 0)
+
+
+def _tracing(tensor: torch.Tensor) -> bool:
+    """Whether reading `tensor` on the host would break a `torch.compile` graph or a CUDA-graph capture."""
+    capturing = tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+    return torch.compiler.is_compiling() or capturing
 
 
 def _key_mask_and_length(attention_mask: torch.Tensor | None):
@@ -162,6 +177,8 @@ def fused_attention_forward(
         attention = gated_decode_attention
         if keep is not None:  # a query keeps top_k heads or groups: at most top_k groups
             options["kept_groups"] = gate.top_k * query.shape[2]
+    elif keep is not None and not block_patch.sparse:  # top-k prefill and training, unless sparse=True
+        attention = masked_top_k_attention
     else:
         attention = gated_flash_attention
     out = attention(
@@ -192,32 +209,58 @@ def streaming_attention(
     (`blocked_streaming_attention`), to its streaming ones, and each query row takes the first where it keeps
     the head. For prefill and training (the split-KV kernel serves decode); rows without a visible key give
     0. Returns `(B, L, H, D)`."""
-    batch, length, keys = query.shape[0], query.shape[2], key.shape[2]
     sink, window = reads["top_k_sink"], reads["top_k_window"]
-    plain = key_padding_mask is None and kv_length is None and (not causal or length == keys)
-    visible = None  # (B, 1, L, S) bool, built only where needed
-    if not plain:
-        visible = visible_keys(batch, length, keys, causal, key_padding_mask, kv_length, query.device)
-
-    def attend(mask: torch.Tensor) -> torch.Tensor:  # a row that sees nothing attends to all, then gives 0
-        seen = mask.any(-1, keepdim=True)
-        out = F.scaled_dot_product_attention(query, key, value, mask | ~seen, scale=sm_scale, enable_gqa=True)
-        return out * seen
-
-    if plain:  # no mask: the vendor kernels' causal path
-        full = F.scaled_dot_product_attention(
-            query, key, value, is_causal=causal, scale=sm_scale, enable_gqa=True
-        )
-    else:
-        full = attend(visible)
+    visible = _visible_unless_plain(query, key, causal, key_padding_mask, kv_length)  # (B, 1, L, S) or None
+    full = sdpa_attention(query, key, value, visible, causal, sm_scale)  # (B, H, L, D)
     dropped = blocked_streaming_attention(query, key, value, visible, causal, sink, window, sm_scale)
     if dropped is None:
         if visible is None:
+            batch, length, keys = query.shape[0], query.shape[2], key.shape[2]
             visible = visible_keys(batch, length, keys, causal, None, None, query.device)
-        dropped = attend(streaming_keys(visible, sink, window))  # (B, H, L, D)
+        dropped = sdpa_attention(query, key, value, streaming_keys(visible, sink, window), causal, sm_scale)
     kept = keep.transpose(1, 2).unsqueeze(-1) > 0  # (B, H, L, 1)
     out = torch.where(kept, full, dropped)  # (B, H, L, D)
     return out.transpose(1, 2) * sigmoid_gate(gate_logits, gate_scale, None).to(out.dtype)
+
+
+def masked_top_k_attention(
+    query, key, value, gate_logits, gate_scale, keep, causal, key_padding_mask, sm_scale, kv_length
+):
+    """Top-k prefill and training (`sparse=None`): every head on SDPA's kernels, then the fused gate pass
+    zeroes the heads each query dropped (`keep`), as the `fused_gate` backend does. Our flash kernel skips a
+    (query block, head) tile only when every query of the block dropped the head, and runs at 0.62-0.70x
+    SDPA's speed on an H200 (benchmarks/results/gpu/run1-270be43, kernels at 4k tokens): rarely enough
+    skipped tiles to pay (`sparse=True` still runs it). Returns `(B, L, H, D)`."""
+    visible = _visible_unless_plain(query, key, causal, key_padding_mask, kv_length)  # (B, 1, L, S) or None
+    out = sdpa_attention(query, key, value, visible, causal, sm_scale).transpose(1, 2)  # (B, L, H, D)
+    return gate_multiply_unchecked(out, gate_logits, gate_scale, keep)
+
+
+def _visible_unless_plain(query, key, causal, key_padding_mask, kv_length) -> torch.Tensor | None:
+    """The keys each query sees, `visible_keys` `(B, 1, L, S)`, or `None` where SDPA without a mask sees
+    exactly those: no padding, no static cache's filled length, and causal only with as many queries as keys
+    (SDPA's causal mask starts at the first key)."""
+    batch, length, keys = query.shape[0], query.shape[2], key.shape[2]
+    if key_padding_mask is None and kv_length is None and (not causal or length == keys):
+        return None
+    return visible_keys(batch, length, keys, causal, key_padding_mask, kv_length, query.device)
+
+
+def sdpa_attention(query, key, value, visible, causal: bool, sm_scale) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` on query (B, H, L, D), key/value (B, KV, S, D), with `visible`
+    (B, 1, L, S) bool as its mask, or without one (`None`: its causal or full kernel) -> (B, H, L, D); a row
+    that sees no key gives 0. With a mask the key/value heads are repeated for their query heads, as in
+    transformers' sdpa attention: CUDA's kernels take grouped heads (`enable_gqa`) only without a mask and
+    fall back to the math kernel otherwise."""
+    if visible is None:
+        return F.scaled_dot_product_attention(
+            query, key, value, is_causal=causal, scale=sm_scale, enable_gqa=True
+        )
+    heads_per_group = query.shape[1] // key.shape[1]
+    key, value = (t.repeat_interleave(heads_per_group, dim=1) for t in (key, value))  # (B, H, S, D)
+    seen = visible.any(-1, keepdim=True)  # (B, 1, L, 1)
+    out = F.scaled_dot_product_attention(query, key, value, visible | ~seen, scale=sm_scale)
+    return out * seen
 
 
 def fused_gate_multiply(values: torch.Tensor, logits: torch.Tensor, scale: float, keep) -> torch.Tensor:
@@ -237,8 +280,13 @@ def _no_sparse_skipping(config: GateConfig, model_config, sparse: bool | None, w
 
 
 def _fused_attention(config: GateConfig, model_config, sparse: bool | None, weight: torch.Tensor):
+    """This module for gates on the attention output; `sparse` reaches `fused_attention_forward` through the
+    block patches (`sparse=True`: the flash kernel skips tiles in prefill and training too)."""
     if sparse is False and config.top_k is not None:
-        raise ValueError("sparse=False (masked top-k) needs backend='torch'; Triton kernels always skip")
+        raise ValueError("sparse=False (masked top-k) needs backend='torch': Triton's decode kernel skips")
+    reason = sparse_unavailable_reason(config.variant, config.top_k, model_config) if sparse else None
+    if reason is not None:
+        raise ValueError(f"sparse=True cannot run: {reason}. Use sparse=None")
     # this module's attention function applies a gate on the attention output; the hooks apply the others
     return sys.modules[__name__] if config.gate_variant.gates_attention_output else None
 

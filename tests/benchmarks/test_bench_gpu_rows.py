@@ -136,6 +136,23 @@ def test_kernel_shape_rows(monkeypatch):
     assert failed["rounds"] == 0 and "ratio" not in failed
 
 
+def test_tile_skipping_cases_patch_with_sparse_true():
+    """The `... skipping tiles` case patches its top-k gate with `sparse=True` (the flash kernel skips tiles
+    in prefill and training); the same gate without the words, with `sparse=None` (SDPA and the masked
+    pass)."""
+    from helpers import tiny_model
+
+    model = tiny_model("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
+    args = SimpleNamespace(device="cpu", gates=[], backends=[], top_ks=[], phase_top_ks=[1], rounds=1)
+    bench = Bench(model, args)
+    for case, sparse in (
+        ("output/headwise top-1 skipping tiles:triton", True),
+        ("output/headwise top-1:triton", None),
+    ):
+        bench.set_case(case)
+        assert [p.sparse for p in model._gate_attention_patches] == [sparse] * model.config.num_hidden_layers
+
+
 def test_sparse_decode_cases_with_sink_and_window_reads():
     model = SimpleNamespace(eval=lambda: None, zero_grad=lambda **_: None)
     model.config = SimpleNamespace(num_key_value_heads=8)
@@ -167,9 +184,11 @@ def test_one_slot_per_group_cases_run_the_decode_kernel_without_kept_groups(monk
 
 
 def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
-    """`--phase-top-ks 2`: prefill times top-2 zeroed and with sink + window reads beside the dense gate;
-    their time / dense gated per round is judged against 1.05, not the dense gates' targets."""
+    """`--phase-top-ks 2`: prefill times top-2 zeroed (masked, and skipping tiles) and with sink + window
+    reads beside the dense gate; their time / dense gated per round is judged against 1.05, not the dense
+    gates' targets."""
     zeroed, reads = "output/headwise top-2:triton", "output/headwise top-2 sink 4 + window 64:triton"
+    tiles = "output/headwise top-2 skipping tiles:triton"
     model = SimpleNamespace(eval=lambda: None, zero_grad=lambda **_: None)
     model.config = SimpleNamespace(num_key_value_heads=8)
     args = SimpleNamespace(
@@ -182,13 +201,15 @@ def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
         BASELINE: [9, 1.0, 1.0],
         SPARSE_DENSE: [9, 1.1, 1.0],
         zeroed: [9, 1.1, 1.2],
+        tiles: [9, 1.32, 1.3],
         reads: [9, 1.2, 1.0],
     }
     monkeypatch.setattr(bench, "set_case", lambda case: setattr(bench, "case", case))
     monkeypatch.setattr(bench, "timed", lambda fn: seconds[bench.case].pop(0))
     monkeypatch.setattr(bench, "tokens", lambda batch, length: None)
     rows = {row["case"]: row for row in gpu_phases.run_prefill(bench, math.inf)}
-    assert list(rows) == [BASELINE, SPARSE_DENSE, zeroed, reads]
+    assert list(rows) == [BASELINE, SPARSE_DENSE, zeroed, tiles, reads]
+    assert bench.phase_cases[tiles] == bench.phase_cases[zeroed] and bench.tile_skipping_cases == {tiles}
     assert (rows[SPARSE_DENSE]["ratio"], rows[SPARSE_DENSE]["status"]) == (pytest.approx(1.05), "MISS")
     assert "dense_ratio" not in rows[SPARSE_DENSE]
     # zeroed: 1.1 / 1.1 and 1.2 / 1.0; reads: 1.2 / 1.1 and 1.0 / 1.0 (rounds rotate, times follow the case)
@@ -196,3 +217,36 @@ def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
     assert rows[reads]["dense_ratio"] == pytest.approx((1.2 / 1.1 + 1.0) / 2)
     assert (rows[reads]["dense_target"], rows[reads]["dense_status"]) == ("<= 1.05", "pass")
     assert "status" not in rows[zeroed] and rows[zeroed]["ratio"] == pytest.approx(1.15)
+
+
+def test_train_profile_rows_name_what_the_gate_adds(monkeypatch):
+    """`train_profile` on the CPU records aten ops: the torch gate adds one sigmoid and one sigmoid backward
+    per layer and step, the ungated step has none; a case that fails keeps its error in its row."""
+    from helpers import tiny_model
+
+    model = tiny_model("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
+    gates = ["output/headwise", "output/elementwise"]
+    args = SimpleNamespace(device="cpu", gates=gates, backends=["torch"], top_ks=[], rounds=1, train_len=12)
+    bench = Bench(model, args)
+    broken = "output/elementwise:torch"
+    set_case = bench.set_case
+
+    def failing(case):
+        if case == broken:
+            raise RuntimeError("out of memory")
+        set_case(case)
+
+    monkeypatch.setattr(bench, "set_case", failing)
+    kernels = []
+    rows = {row["case"]: row for row in gpu_phases.run_train_profile(bench, math.inf, kernels)}
+    assert list(rows) == [BASELINE, "output/headwise:torch", broken]
+    assert rows[broken]["error"] == "error: RuntimeError: out of memory"
+    assert rows[BASELINE]["device_vs_ungated"] == 1 and rows[BASELINE]["added_launches"] == 0
+    gated = {k["kernel"]: k for k in kernels if k["case"] == "output/headwise:torch"}
+    layers = model.config.num_hidden_layers
+    for op in ("aten::sigmoid", "aten::sigmoid_backward"):
+        assert gated[op]["added_calls"] == gated[op]["calls"] == layers, op
+    assert "aten::sigmoid" not in {k["kernel"] for k in kernels if k["case"] == BASELINE}
+    assert rows["output/headwise:torch"]["added_launches"] > 0
+    added = [k["added_us"] for k in kernels if k["case"] == "output/headwise:torch"]
+    assert added == sorted(added, reverse=True)  # largest addition first

@@ -160,19 +160,22 @@ def test_backend_matches_torch_forward_and_every_gradient(model_type, variant, g
     assert_backend_matches_torch(model_type, backend, variant=variant, granularity=granularity)
 
 
-SPARSE_CASES = [(variant, {}) for variant in VARIANTS] + [
-    (variant, {"top_k_sink": 2, "top_k_window": 8})
+# (variant, dropped units' reads, patch's sparse): zeroed top-k trains on SDPA and the masked gate pass, or
+# with sparse=True on the flash kernel skipping tiles
+SPARSE_CASES = [(variant, {}, None) for variant in VARIANTS]
+SPARSE_CASES += [(variant, {}, True) for variant in VARIANTS if GATE_VARIANTS[variant].top_k_skips]
+SPARSE_CASES += [
+    (variant, {"top_k_sink": 2, "top_k_window": 8}, None)
     for variant in VARIANTS
     if GATE_VARIANTS[variant].dropped_read_keys
 ]
+SPARSE_IDS = [
+    f"{v}-{'sink2-window8' if r else 'zeroed'}{'-skipping-tiles' if s else ''}" for v, r, s in SPARSE_CASES
+]
 
 
-@pytest.mark.parametrize(
-    ("variant", "reads"),
-    SPARSE_CASES,
-    ids=[f"{v}-{'sink2-window8' if r else 'zeroed'}" for v, r in SPARSE_CASES],
-)
-def test_top1_kv_group_on_triton_matches_torch(variant, reads):
+@pytest.mark.parametrize(("variant", "reads", "sparse"), SPARSE_CASES, ids=SPARSE_IDS)
+def test_top1_kv_group_on_triton_matches_torch(variant, reads, sparse):
     """Sparse gating, float32 only (in bfloat16 the selection itself may differ from the float32 one);
     headwise (elementwise gates take the same path through the selection). With sink and window reads the
     triton backend's blocked reads meet the padding queries, which see no key (0, no NaN in any gradient)."""
@@ -180,7 +183,7 @@ def test_top1_kv_group_on_triton_matches_torch(variant, reads):
     state = reference_state("llama", **gate)
     batch = padded_batch()
     expected, expected_grads = run(build("llama", "torch", torch.float32, state, **gate), batch, True)
-    output, grads = run(build("llama", "triton", torch.float32, state, **gate), batch, True)
+    output, grads = run(build("llama", "triton", torch.float32, state, sparse=sparse, **gate), batch, True)
     torch.testing.assert_close(output, expected, rtol=RTOL, atol=ATOL)
     assert_float32_gradients(grads, expected_grads, "top-1 triton vs torch")
 

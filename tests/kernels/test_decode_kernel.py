@@ -279,10 +279,33 @@ def test_key_mask_passes_the_filled_length_of_static_caches():
     position = torch.tensor(4)  # the cache's own position tensor: the mask stays on the device
     assert torch.equal(key_mask(1, 1, 6, position, **causal), torch.tensor([[5, 5, 5, 5, 5, 0]]))
     # an encoder with more keys than queries (prefix tuning): every key exists; a mask that masks nothing is
-    # kept (dropping it would read it on the host)
+    # kept for up to MAX_DECODE_QUERIES queries (dropping it would read it on the host)
     prefixed = torch.ones(1, 6, dtype=torch.bool)
     kept = key_mask(1, 4, 6, 0, attention_mask=prefixed, mask_function=bidirectional_mask_function)
     assert torch.equal(kept, prefixed)
+
+
+def test_key_mask_drops_a_mask_that_masks_nothing_in_prefill(monkeypatch):
+    """More than MAX_DECODE_QUERIES queries (prefill, training): an all-True key mask becomes None (SDPA's
+    flash kernel; one host read per forward, as transformers' SDPA mask does), but not while compiling; a
+    mask with padding stays."""
+    from transformers.masking_utils import causal_mask_function
+
+    from hf_gate_attention.kernels.backends import key_mask
+    from hf_gate_attention.kernels.ops import MAX_DECODE_QUERIES
+
+    length = MAX_DECODE_QUERIES + 1
+    causal = {"mask_function": causal_mask_function}
+    every = torch.ones(2, length, dtype=torch.long)
+    assert key_mask(2, length, length, 0, attention_mask=every, **causal) is None
+    assert torch.equal(
+        key_mask(2, length - 1, length - 1, 0, attention_mask=every[:, 1:], **causal), every[:, 1:] > 0
+    )
+    padded = every.clone()
+    padded[1, 0] = 0
+    assert torch.equal(key_mask(2, length, length, 0, attention_mask=padded, **causal), padded > 0)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert torch.equal(key_mask(2, length, length, 0, attention_mask=every, **causal), every > 0)
 
 
 @pytest.mark.parametrize("dropped", ["nothing", "sink2-window3"])

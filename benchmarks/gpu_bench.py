@@ -143,8 +143,15 @@ class Bench:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def timed(self, fn) -> float:
+    def timed(self, fn, warmup: bool = False, before=None) -> float:
+        """Seconds of one `fn()`, the device synchronised around it; with `warmup`, after one untimed call
+        (the first call after `set_case` patched the model runs on a changed allocator and weight layout:
+        it measured a changed state, not the case); `before()` runs right before the timed call."""
+        if warmup:
+            fn()
         self.sync()
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         self.sync()

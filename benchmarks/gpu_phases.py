@@ -52,7 +52,9 @@ def run_prefill(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
     def run(case):
         bench.set_case(case)
         model.eval()
-        return {"s": bench.timed(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))}
+        return {
+            "s": bench.timed(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1), warmup=True)
+        }
 
     results = bench.interleaved("prefill", run, deadline, [*bench.cases, *bench.phase_cases])
     return bench.rows("prefill", args.prefill_len, 1, results, args.prefill_len)
@@ -74,10 +76,7 @@ def run_train(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
         bench.set_case(case)
         model.train()
         model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        seconds = bench.timed(step)
+        seconds = bench.timed(step, warmup=True, before=torch.cuda.reset_peak_memory_stats if cuda else None)
         return {"s": seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else math.nan}
 
     results = bench.interleaved("train", run, deadline, [*bench.cases, *bench.phase_cases])

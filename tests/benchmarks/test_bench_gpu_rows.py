@@ -205,7 +205,7 @@ def test_prefill_rows_of_top_k_cases_against_the_dense_gate(monkeypatch):
         reads: [9, 1.2, 1.0],
     }
     monkeypatch.setattr(bench, "set_case", lambda case: setattr(bench, "case", case))
-    monkeypatch.setattr(bench, "timed", lambda fn: seconds[bench.case].pop(0))
+    monkeypatch.setattr(bench, "timed", lambda fn, warmup: seconds[bench.case].pop(0))
     monkeypatch.setattr(bench, "tokens", lambda batch, length: None)
     rows = {row["case"]: row for row in gpu_phases.run_prefill(bench, math.inf)}
     assert list(rows) == [BASELINE, SPARSE_DENSE, zeroed, tiles, reads]
@@ -250,3 +250,11 @@ def test_train_profile_rows_name_what_the_gate_adds(monkeypatch):
     assert rows["output/headwise:torch"]["added_launches"] > 0
     added = [k["added_us"] for k in kernels if k["case"] == "output/headwise:torch"]
     assert added == sorted(added, reverse=True)  # largest addition first
+
+
+def test_timed_warms_up_once_and_calls_before_right_before_the_timed_call():
+    bench, calls = sparse_bench(rounds=1), []
+    seconds = bench.timed(lambda: calls.append("fn"), warmup=True, before=lambda: calls.append("before"))
+    assert calls == ["fn", "before", "fn"] and seconds >= 0
+    bench.timed(lambda: calls.append("fn"))
+    assert calls[3:] == ["fn"]

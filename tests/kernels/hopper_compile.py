@@ -3,14 +3,26 @@ passes and the ptxas it ships, for the flag combinations the launcher passes. Ru
 without Triton's interpreter (`test_decode_kernel.py` does); exits non-zero on the first failure.
 
 The interpreter runs the kernels' Python, not Triton's compiler: a kernel it accepts can still fail to
-compile (types of loop bounds, constexpr branches), and a GPU is rarely at hand to find out.
+compile (types of loop bounds, constexpr branches), and a GPU is rarely at hand to find out. Each kernel is
+compiled twice, as Triton's JIT specialises a launch:
+
+- plain: no argument known to be a multiple of 16 (odd strides);
+- aligned: 16-byte aligned pointers and the integers a contiguous cache of head_dim 64 passes as multiples of
+  16 (`ALIGNED`), marked `tt.divisibility=16` as the JIT marks them. At decode's tile in bfloat16 the code
+  must be what a memory-bound kernel needs: 16-byte global loads (`cp.async` or vector loads) and no 2-byte
+  ones for the key/value tiles, and no register spills (ptxas's report). The largest tile (16 queries) and
+  float32 are compiled and their registers and spills printed, not checked: they spill (README). A GPU
+  measures the speed; this catches code shapes that would cap it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 if os.environ.get("TRITON_INTERPRET", "0") != "0":
     sys.exit("run without TRITON_INTERPRET: the interpreter replaces the kernels the compiler needs")
@@ -18,52 +30,116 @@ if os.environ.get("TRITON_INTERPRET", "0") != "0":
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from hf_gate_attention.kernels import decode_attention
 
 HOPPER = GPUTarget("cuda", 90, 32)
 DOT = {"bf16": (tl.bfloat16, "tf32"), "fp32": (tl.float32, "ieee")}
+# runtime integers that are multiples of 16 for q (B, H, Lq, 64) and a contiguous cache (B, KV, S, 64): the
+# strides, the head dim and the keys per chunk (whole blocks of BLOCK_N)
+ALIGNED = {"stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_ks", "stride_vb"}
+ALIGNED |= {"stride_vh", "stride_vs", "D", "CHUNK"}
+NARROW_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.\w+)*?\.[bfu]16\b")
+WIDE_GLOBAL_LOAD = re.compile(r"\bcp\.async\b|\bld\.global(?:\.\w+)*?\.v[24]\.")
+SPILLS = re.compile(r"(\d+) bytes spill stores")
 
 
-def compile_for_hopper(kernel, pointers: dict[str, str], floats: tuple[str, ...], constants: dict) -> None:
+def compile_for_hopper(kernel, pointers: dict[str, str], floats: tuple[str, ...], constants: dict, aligned):
     """`kernel` compiled with `pointers` (argument -> Triton pointer type), `floats` as fp32 and the other
-    runtime arguments as i32."""
+    runtime arguments as i32; with `aligned`, the pointers and the integers of `ALIGNED` marked divisible by
+    16. Returns Triton's compiled kernel."""
     signature = {
         name: "constexpr" if name in constants else pointers.get(name, "fp32" if name in floats else "i32")
         for name in kernel.arg_names
     }
-    triton.compile(ASTSource(kernel, signature, constants), target=HOPPER)
+    attrs = {}
+    if aligned:
+        attrs = {
+            (index,): [["tt.divisibility", 16]]
+            for index, name in enumerate(kernel.arg_names)
+            if name in pointers or name in ALIGNED
+        }
+    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=HOPPER)
+
+
+def code_problems(compiled, narrow_ok: bool) -> tuple[list[str], str]:
+    """What is wrong with an aligned compilation's code (2-byte global accesses unless `narrow_ok`, no
+    16-byte global load, spills), and ptxas's register and spill lines."""
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+        source.write(ptx)
+        source.flush()
+        command = [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", source.name, "-o", os.devnull]
+        report = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    problems = []
+    if not narrow_ok:
+        problems += [
+            f"2-byte global access {access}" for access in sorted(set(NARROW_GLOBAL_ACCESS.findall(ptx)))
+        ]
+    if not WIDE_GLOBAL_LOAD.search(ptx):
+        problems.append("no 16-byte global load (cp.async or ld.global.v4)")
+    spills = [int(count) for count in SPILLS.findall(report)]
+    if not spills or max(spills) > 0:
+        problems.append(f"{max(spills, default='?')} bytes of register spill stores")
+    usage = "; ".join(line.split(":", 1)[-1].strip() for line in report.splitlines() if "registers" in line)
+    return problems, usage
 
 
 def split_kernels():
-    """Every (keep, streaming, kept first) the launcher combines, in bf16 with every mask; fp32 and no masks
-    for two of them."""
+    """`(name, constants, dtype, checked)`: every (keep, streaming, kept first) the launcher combines, in bf16
+    with every mask, at decode's tile (one query, 4 heads per group: BLOCK_M 16), `checked`; and, compiled
+    and reported only, 16 queries of 4 heads (BLOCK_M 64: the largest tile) and float32 for two of them."""
     modes = [(False, False, False), *itertools.product([True], [False, True], [False, True])]
-    variants = [(mode, "bf16", True) for mode in modes]
-    variants += [(modes[0], "fp32", False), (modes[2], "fp32", False)]
-    for (keep, streaming, kept_first), dtype, masks in variants:
-        yield f"split keep={keep} streaming={streaming} kept_first={kept_first} {dtype} masks={masks}", {
+    variants = [(mode, "bf16", True, 16, 4) for mode in modes]
+    variants += [(mode, "bf16", True, 64, 64) for mode in (modes[0], modes[4])]
+    variants += [(mode, "fp32", False, 16, 4) for mode in (modes[0], modes[2])]
+    for (keep, streaming, kept_first), dtype, masks, block_m, rows in variants:
+        name = f"split keep={keep} streaming={streaming} kept_first={kept_first} {dtype} masks={masks}"
+        yield f"{name} BLOCK_M={block_m}", {
             "CAUSAL": masks, "HAS_KPM": masks, "HAS_KV_LEN": masks, "HAS_KEEP": keep, "STREAMING": streaming,
             "KEPT_FIRST": kept_first, "DOT_DTYPE": DOT[dtype][0], "DOT_PRECISION": DOT[dtype][1],
-            "BLOCK_D": 64, "BLOCK_M": decode_attention.MAX_BLOCK_M, "BLOCK_N": decode_attention.BLOCK_N,
-            "BLOCK_KV": 8, "BLOCK_GL": 4,
-        }, dtype  # fmt: skip
+            "BLOCK_D": 64, "BLOCK_M": block_m, "BLOCK_N": decode_attention.BLOCK_N, "BLOCK_KV": 8,
+            "BLOCK_GL": rows,
+        }, dtype, dtype == "bf16" and block_m == 16  # fmt: skip
 
 
-def main() -> None:
-    for name, constants, dtype in split_kernels():
+def kernels():
+    """`(name, kernel, pointers, floats, constants, checked, narrow_ok)` of every compilation."""
+    for name, constants, dtype, checked in split_kernels():
         pointers = dict.fromkeys(["Q", "K", "V"], f"*{dtype}")
         pointers.update(KEEP="*fp32", KPM="*i8", KV_LEN="*i64", SINK_STOP="*i32", WINDOW_START="*i32")
         pointers.update(PART_OUT="*fp32", PART_LSE="*fp32")
-        compile_for_hopper(decode_attention._decode_split_kernel, pointers, ("sm_scale",), constants)
-        print("compiled", name, flush=True)
+        yield name, decode_attention._decode_split_kernel, pointers, ("sm_scale",), constants, checked, False
     for gate, keep, elementwise in [(True, True, True), (True, False, False), (False, True, False)]:
         pointers = {"PART_OUT": "*fp32", "PART_LSE": "*fp32", "Z": "*bf16", "KEEP": "*fp32", "OUT": "*bf16"}
         constants = {"HAS_GATE": gate, "HAS_KEEP": keep, "ELEMENTWISE": elementwise, "BLOCK_D": 64}
         constants["BLOCK_R"] = decode_attention.MERGE_BLOCK_R
-        compile_for_hopper(decode_attention._decode_merge_kernel, pointers, ("gate_scale",), constants)
-        print(f"compiled merge gate={gate} keep={keep} elementwise={elementwise}", flush=True)
+        name = f"merge gate={gate} keep={keep} elementwise={elementwise}"
+        narrow_ok = gate and not elementwise  # a headwise gate is one 2-byte logit per row
+        yield (
+            name,
+            decode_attention._decode_merge_kernel,
+            pointers,
+            ("gate_scale",),
+            constants,
+            True,
+            narrow_ok,
+        )
+
+
+def main() -> None:
+    failures = []
+    for name, kernel, pointers, floats, constants, checked, narrow_ok in kernels():
+        compile_for_hopper(kernel, pointers, floats, constants, aligned=False)
+        aligned = compile_for_hopper(kernel, pointers, floats, constants, aligned=True)
+        problems, usage = code_problems(aligned, narrow_ok)
+        if checked:
+            failures += [f"{name}: {problem}" for problem in problems]
+        print("compiled", name, "|", usage, "|", "; ".join(problems) or "ok", flush=True)
+    if failures:
+        sys.exit("\n".join(failures))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
-"""Compile the split-KV decode kernels for an H100/H200 (sm_90) without a GPU: Triton's front end, its
-passes and the ptxas it ships, for the flag combinations the launcher passes. Run as a script in a process
-without Triton's interpreter (`test_decode_kernel.py` does); exits non-zero on the first failure.
+"""Compile the split-KV decode kernels and the fused gate pass (`gate_multiply.py`, backend `fused_gate`) for
+an H100/H200 (sm_90) without a GPU: Triton's front end, its passes and the ptxas it ships, for the flag
+combinations the launchers pass. Run as a script in a process without Triton's interpreter
+(`test_decode_kernel.py` does); exits non-zero, naming every failure, after compiling all.
 
 The interpreter runs the kernels' Python, not Triton's compiler: a kernel it accepts can still fail to
 compile (types of loop bounds, constexpr branches), and a GPU is rarely at hand to find out. Each kernel is
 compiled twice, as Triton's JIT specialises a launch:
 
 - plain: no argument known to be a multiple of 16 (odd strides);
-- aligned: 16-byte aligned pointers and the integers a contiguous cache of head_dim 64 passes as multiples of
-  16 (`ALIGNED`), marked `tt.divisibility=16` as the JIT marks them. At decode's tile in bfloat16 the code
-  must be what a memory-bound kernel needs: 16-byte global loads (`cp.async` or vector loads) and no 2-byte
-  ones for the key/value tiles, and no register spills (ptxas's report). The largest tile (16 queries) and
-  float32 are compiled and their registers and spills printed, not checked: they spill (README). A GPU
-  measures the speed; this catches code shapes that would cap it.
+- aligned: 16-byte aligned pointers and the integers that are multiples of 16 for head_dim 64 and
+  contiguous tensors (`ALIGNED`), marked `tt.divisibility=16` as the JIT marks them. The code must then be
+  what a memory-bound kernel needs: 16-byte global loads (`cp.async` or vector loads), no 2-byte global
+  accesses but a headwise gate's one logit per row, and no register spills (ptxas's report); checked for
+  decode's tile in bfloat16 (one query, 4 heads per group), the merge and the gate pass. The decode kernel's
+  largest tile (16 queries) and float32 are compiled and their registers and spills printed, not checked:
+  they spill (README). A GPU measures the speed; this catches code shapes that would cap it.
 """
 
 from __future__ import annotations
@@ -33,25 +35,26 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from hf_gate_attention.kernels import decode_attention
+from hf_gate_attention.kernels import decode_attention, gate_multiply
 
 HOPPER = GPUTarget("cuda", 90, 32)
 DOT = {"bf16": (tl.bfloat16, "tf32"), "fp32": (tl.float32, "ieee")}
 # runtime integers that are multiples of 16 for q (B, H, Lq, 64) and a contiguous cache (B, KV, S, 64): the
 # strides, the head dim and the keys per chunk (whole blocks of BLOCK_N)
 ALIGNED = {"stride_qb", "stride_qh", "stride_ql", "stride_kb", "stride_kh", "stride_ks", "stride_vb"}
-ALIGNED |= {"stride_vh", "stride_vs", "D", "CHUNK"}
+ALIGNED |= {"stride_vh", "stride_vs", "D", "CHUNK", "stride_xn", "stride_xg", "stride_zn"}
 NARROW_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.\w+)*?\.[bfu]16\b")
 WIDE_GLOBAL_LOAD = re.compile(r"\bcp\.async\b|\bld\.global(?:\.\w+)*?\.v[24]\.")
+FLOATS = ("sm_scale", "gate_scale")  # the kernels' float arguments
 SPILLS = re.compile(r"(\d+) bytes spill stores")
 
 
-def compile_for_hopper(kernel, pointers: dict[str, str], floats: tuple[str, ...], constants: dict, aligned):
-    """`kernel` compiled with `pointers` (argument -> Triton pointer type), `floats` as fp32 and the other
+def compile_for_hopper(kernel, pointers: dict[str, str], constants: dict, aligned: bool):
+    """`kernel` compiled with `pointers` (argument -> Triton pointer type), `FLOATS` as fp32 and the other
     runtime arguments as i32; with `aligned`, the pointers and the integers of `ALIGNED` marked divisible by
     16. Returns Triton's compiled kernel."""
     signature = {
-        name: "constexpr" if name in constants else pointers.get(name, "fp32" if name in floats else "i32")
+        name: "constexpr" if name in constants else pointers.get(name, "fp32" if name in FLOATS else "i32")
         for name in kernel.arg_names
     }
     attrs = {}
@@ -106,34 +109,39 @@ def split_kernels():
 
 
 def kernels():
-    """`(name, kernel, pointers, floats, constants, checked, narrow_ok)` of every compilation."""
+    """`(name, kernel, pointers, constants, checked, narrow_ok)` of every compilation."""
     for name, constants, dtype, checked in split_kernels():
         pointers = dict.fromkeys(["Q", "K", "V"], f"*{dtype}")
         pointers.update(KEEP="*fp32", KPM="*i8", KV_LEN="*i64", SINK_STOP="*i32", WINDOW_START="*i32")
         pointers.update(PART_OUT="*fp32", PART_LSE="*fp32")
-        yield name, decode_attention._decode_split_kernel, pointers, ("sm_scale",), constants, checked, False
+        yield name, decode_attention._decode_split_kernel, pointers, constants, checked, False
+    merge = decode_attention._decode_merge_kernel
     for gate, keep, elementwise in [(True, True, True), (True, False, False), (False, True, False)]:
         pointers = {"PART_OUT": "*fp32", "PART_LSE": "*fp32", "Z": "*bf16", "KEEP": "*fp32", "OUT": "*bf16"}
         constants = {"HAS_GATE": gate, "HAS_KEEP": keep, "ELEMENTWISE": elementwise, "BLOCK_D": 64}
         constants["BLOCK_R"] = decode_attention.MERGE_BLOCK_R
         name = f"merge gate={gate} keep={keep} elementwise={elementwise}"
-        narrow_ok = gate and not elementwise  # a headwise gate is one 2-byte logit per row
         yield (
             name,
-            decode_attention._decode_merge_kernel,
+            merge,
             pointers,
-            ("gate_scale",),
             constants,
             True,
-            narrow_ok,
-        )
+            gate and not elementwise,
+        )  # headwise: a 2-byte logit a row
+    pointers = dict.fromkeys(["X", "Z", "OUT", "DOUT", "DX", "DZ"], "*bf16") | {"KEEP": "*fp32"}
+    passes = (gate_multiply._gate_multiply_fwd_kernel, gate_multiply._gate_multiply_bwd_kernel)
+    for kernel, elementwise, keep in itertools.product(passes, (False, True), (False, True)):
+        constants = {"HAS_KEEP": keep, "ELEMENTWISE": elementwise, "BLOCK_R": 64, "BLOCK_D": 64}
+        name = f"{kernel.__name__} elementwise={elementwise} keep={keep}"
+        yield name, kernel, pointers, constants, True, not elementwise
 
 
 def main() -> None:
     failures = []
-    for name, kernel, pointers, floats, constants, checked, narrow_ok in kernels():
-        compile_for_hopper(kernel, pointers, floats, constants, aligned=False)
-        aligned = compile_for_hopper(kernel, pointers, floats, constants, aligned=True)
+    for name, kernel, pointers, constants, checked, narrow_ok in kernels():
+        compile_for_hopper(kernel, pointers, constants, aligned=False)
+        aligned = compile_for_hopper(kernel, pointers, constants, aligned=True)
         problems, usage = code_problems(aligned, narrow_ok)
         if checked:
             failures += [f"{name}: {problem}" for problem in problems]

@@ -35,7 +35,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from hf_gate_attention.kernels import decode_attention, gate_multiply
+from hf_gate_attention.kernels import decode_attention, gate_multiply, gated_attention
 
 HOPPER = GPUTarget("cuda", 90, 32)
 DOT = {"bf16": (tl.bfloat16, "tf32"), "fp32": (tl.float32, "ieee")}
@@ -46,10 +46,23 @@ ALIGNED |= {"stride_vh", "stride_vs", "D", "CHUNK", "stride_xn", "stride_xg", "s
 NARROW_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st)\.global(?:\.\w+)*?\.[bfu]16\b")
 WIDE_GLOBAL_LOAD = re.compile(r"\bcp\.async\b|\bld\.global(?:\.\w+)*?\.v[24]\.")
 FLOATS = ("sm_scale", "gate_scale")  # the kernels' float arguments
+FLASH_KERNELS = (
+    "_gated_attention_fwd_kernel",
+    "_gated_attention_bwd_dkdv_kernel",
+    "_gated_attention_bwd_dq_kernel",
+)
+FLASH_TENSORS = ("Q", "K", "V", "Z", "DOUT", "OUT", "DQ", "DK", "DV")
+FLASH_TRAINING_FLAGS = {"CAUSAL": True, "HAS_KPM": False, "HAS_KV_LEN": False, "HAS_GATE": True}
+FLASH_TRAINING_FLAGS |= {
+    "HAS_KEEP": False,
+    "ELEMENTWISE": False,
+    "DOT_DTYPE": tl.bfloat16,
+    "DOT_PRECISION": "tf32",
+}
 SPILLS = re.compile(r"(\d+) bytes spill stores")
 
 
-def compile_for_hopper(kernel, pointers: dict[str, str], constants: dict, aligned: bool):
+def compile_for_hopper(kernel, pointers: dict[str, str], constants: dict, aligned: bool, options=None):
     """`kernel` compiled with `pointers` (argument -> Triton pointer type), `FLOATS` as fp32 and the other
     runtime arguments as i32; with `aligned`, the pointers and the integers of `ALIGNED` marked divisible by
     16. Returns Triton's compiled kernel."""
@@ -64,7 +77,7 @@ def compile_for_hopper(kernel, pointers: dict[str, str], constants: dict, aligne
             for index, name in enumerate(kernel.arg_names)
             if name in pointers or name in ALIGNED
         }
-    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=HOPPER)
+    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=HOPPER, options=options)
 
 
 def code_problems(compiled, narrow_ok: bool) -> tuple[list[str], str]:
@@ -137,6 +150,25 @@ def kernels():
         yield name, kernel, pointers, constants, True, not elementwise
 
 
+def flash_candidates():
+    """`(name, kernel, pointers, constants, num_warps, num_stages)`: every autotuning candidate of the fused
+    attention's kernels at head dims 64 and 128 with a training step's flags (causal, a headwise gate, no
+    padding, no top-k), bfloat16."""
+    for autotuner in (
+        gated_attention._gated_attention_fwd_kernel,
+        gated_attention._gated_attention_bwd_dkdv_kernel,
+        gated_attention._gated_attention_bwd_dq_kernel,
+    ):
+        kernel = autotuner.fn
+        pointers = {name: "*bf16" for name in kernel.arg_names if name in FLASH_TENSORS}
+        pointers.update(LSE="*fp32", DELTA="*fp32", KEEP="*fp32", KPM="*i8", KV_LEN="*i64")
+        pointers = {name: kind for name, kind in pointers.items() if name in kernel.arg_names}
+        for head_dim, config in itertools.product((64, 128), autotuner.configs):
+            constants = {**FLASH_TRAINING_FLAGS, "BLOCK_D": head_dim, **config.kwargs}
+            name = f"{kernel.__name__} head_dim={head_dim} {config.kwargs} warps={config.num_warps}"
+            yield name, kernel, pointers, constants, config.num_warps, config.num_stages
+
+
 def main() -> None:
     failures = []
     for name, kernel, pointers, constants, checked, narrow_ok in kernels():
@@ -146,6 +178,17 @@ def main() -> None:
         if checked:
             failures += [f"{name}: {problem}" for problem in problems]
         print("compiled", name, "|", usage, "|", "; ".join(problems) or "ok", flush=True)
+    spill_free = set()  # (kernel, head dim) with a candidate that does not spill
+    for name, kernel, pointers, constants, num_warps, num_stages in flash_candidates():
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        compiled = compile_for_hopper(kernel, pointers, constants, aligned=True, options=options)
+        problems, usage = code_problems(compiled, narrow_ok=True)
+        if not any("spill" in problem for problem in problems):
+            spill_free.add((kernel.__name__, constants["BLOCK_D"]))
+        print("compiled", name, "|", usage, "|", "; ".join(problems) or "ok", flush=True)
+    for kernel, head_dim in itertools.product(FLASH_KERNELS, (64, 128)):
+        if (kernel, head_dim) not in spill_free:
+            failures.append(f"{kernel} head_dim={head_dim}: every autotuning candidate spills registers")
     if failures:
         sys.exit("\n".join(failures))
 

@@ -59,10 +59,10 @@ def patch(
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates (`core/backends.py`).
             `"torch"`: the readable reference path. `"fused_gate"`: the model's own attention, the gate logits
             from the query GEMM and one fused Triton gate pass. `"triton"`: our flash attention with the gate
-            in its epilogue (least memory; top-k skips tiles). Both Triton backends need CUDA (or
-            `TRITON_INTERPRET=1`). `"auto"`: on a CUDA device `"fused_gate"` for dense gates and `"triton"`
-            with `top_k`, when they can serve the model; else `"torch"`. Not saved with the model: choose it
-            again when loading.
+            in its epilogue (least memory; top-k decode skips dropped key/value groups). Both Triton backends
+            need CUDA (or `TRITON_INTERPRET=1`). `"auto"`: on a CUDA device `"fused_gate"` for dense gates and
+            `"triton"` with `top_k`, when they can serve the model; else `"torch"`. Not saved with the model:
+            choose it again when loading.
         sparse (`bool`, *optional*): how `top_k` runs. `None` (default): skip the work of the dropped heads
             and key/value groups where that measured faster (torch on CPU: `core/sparse.py`, variants
             `output`/`qk`; triton: decode, whose kernel never reads a dropped group's cache), else compute

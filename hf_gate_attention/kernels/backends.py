@@ -320,7 +320,8 @@ register_backend(
 register_backend(
     GateBackend(
         name="triton",
-        summary="our flash attention with the gate in its epilogue (least memory; top_k skips dropped tiles)",
+        summary="our flash attention with the gate in its epilogue (least memory; top_k decode skips dropped "
+        "key/value groups)",
         unavailable_reason=_attention_unavailable,
         gate_multiply=fused_gate_multiply,
         attention=_fused_attention,

@@ -366,6 +366,20 @@ def test_torch_compile_fullgraph_forward_and_backward(variant, backend):
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("sparse", [None, True], ids=["masked", "skipping-tiles"])
+@pytest.mark.slow
+def test_torch_compile_fullgraph_top_k_training_on_triton(sparse):
+    """Top-k training on backend "triton" (SDPA and the masked gate pass; `sparse=True`: the flash kernel
+    skipping tiles) traces whole, left padding included: no graph break, equal to the masked torch path."""
+    torch._dynamo.reset()
+    gate = {**GATE, "top_k": 1}
+    reference = patch(tiny_model("llama", attn_implementation="sdpa"), backend="torch", sparse=False, **gate)
+    model = patch(tiny_model("llama", attn_implementation="sdpa"), backend="triton", sparse=sparse, **gate)
+    model.load_state_dict(reference.state_dict())
+    inputs = _padded_inputs(length=20)  # more queries than decode's 16: key_mask may not read the mask here
+    _assert_same(torch.compile(model, backend="aot_eager", fullgraph=True), reference, inputs)
+
+
 # --- "auto" and the backend contract ---
 
 

@@ -15,7 +15,9 @@ Phases:
   gated (`output/headwise:fused_gate`) against `SPARSE_PHASE_DENSE_LIMIT` (issue 23: <= 1.05);
 - `train`: one step on `--train-len` tokens (batch 1, `model.train()`, gradient on every parameter): forward
   with labels, backward, `zero_grad(set_to_none=True)`; no optimizer step, so the weights stay fixed and the
-  memory compares activations and gradients. Peak memory: `torch.cuda.max_memory_allocated` after resetting it
+  memory compares activations and gradients. This phase and `train_profile` also time each `fused_gate`
+  case with the fused gate pass in training (`..., fused pass in training`: `ops.FUSED_PASS_IN_TRAINING`)
+  beside its default, the torch ops. Peak memory: `torch.cuda.max_memory_allocated` after resetting it
   before the step (weights included);
 - `train_profile`: the `train` step of every case, `PROFILED_STEPS` (3) times under `torch.profiler` after
   one unrecorded step: the kernel time on the device per step and its ratio to ungated (host noise does not

@@ -17,6 +17,7 @@ import torch
 from harness import interleaved, ratio_fields, ratios
 
 import hf_gate_attention.kernels as gate_kernels
+import hf_gate_attention.kernels.ops as gate_ops
 from hf_gate_attention import GateConfig, gate_backend_of, patch, unpatch
 
 DECODE_ATTENTION = gate_kernels.gated_decode_attention
@@ -112,6 +113,13 @@ class Bench:
             self.tile_skipping_cases.add(f"output/headwise top-{k} skipping tiles:triton")
             reads = {**gate, "top_k_sink": 4, "top_k_window": 64}
             self.phase_cases[f"output/headwise top-{k} sink 4 + window 64:triton"] = (reads, "triton")
+        # train and train_profile also time fused_gate's dense gates with the fused gate pass in training
+        # (`ops.FUSED_PASS_IN_TRAINING`), beside the torch ops it runs there by default
+        self.train_cases = {
+            f"{case}, fused pass in training": gate
+            for case, gate in self.cases.items()
+            if case.endswith(":fused_gate")
+        }
         self.case, self.resolved = BASELINE, {BASELINE: "-"}
 
     def tokens(self, batch: int, length: int) -> torch.Tensor:
@@ -127,8 +135,9 @@ class Bench:
         gate_kernels.gated_decode_attention = (
             one_slot_per_group if case in self.one_slot_per_group_cases else DECODE_ATTENTION
         )
+        gate_ops.FUSED_PASS_IN_TRAINING = case in self.train_cases
         if case != BASELINE:
-            gate, backend = {**self.cases, **self.sparse_cases, **self.phase_cases}[case]
+            gate, backend = {**self.cases, **self.sparse_cases, **self.phase_cases, **self.train_cases}[case]
             torch.manual_seed(0)
             try:
                 sparse = True if case in self.tile_skipping_cases else None

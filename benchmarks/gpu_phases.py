@@ -79,7 +79,9 @@ def run_train(bench: Bench, deadline: float, batch: int = 1) -> list[dict]:
         seconds = bench.timed(step, warmup=True, before=torch.cuda.reset_peak_memory_stats if cuda else None)
         return {"s": seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else math.nan}
 
-    results = bench.interleaved("train", run, deadline, [*bench.cases, *bench.phase_cases])
+    results = bench.interleaved(
+        "train", run, deadline, [*bench.cases, *bench.train_cases, *bench.phase_cases]
+    )
     model.eval()
     return bench.rows("train", args.train_len, 1, results, args.train_len)
 
@@ -119,7 +121,7 @@ def run_train_profile(bench: Bench, deadline: float, kernel_rows: list, batch: i
     cuda = bench.device.type == "cuda"
     step = functools.partial(train_step, model, bench.tokens(1, args.train_len))
     recorded = {}
-    for case in [*bench.cases, *bench.phase_cases]:
+    for case in [*bench.cases, *bench.train_cases, *bench.phase_cases]:
         if time.perf_counter() > deadline and case != BASELINE:
             log(f"train_profile: no time left for {case}")
             continue

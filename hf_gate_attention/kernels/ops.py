@@ -444,6 +444,15 @@ def fused_pays(tokens: int, tensor: torch.Tensor, needs_grad: bool) -> bool:
     return not (torch.compiler.is_compiling() or needs_grad or host_bound(tokens, tensor))
 
 
+# Whether training steps run the fused gate pass (forward and backward kernels) instead of torch ops. Not
+# since bec5af8: on an H200 the torch ops' steps took x1.075 / x1.087 the ungated time (headwise /
+# elementwise, 4k tokens) against x1.095 / x1.110 with the fused pass, wall times whose rounds ranged over
+# 5 % either way, while at kernel level the fused backward reached x0.99 SDPA's throughput against
+# x0.78-0.94 for the torch gate. benchmarks/gpu.py's train and train_profile phases time both side by side
+# (the `..., fused pass in training` cases).
+FUSED_PASS_IN_TRAINING = False
+
+
 class RecomputedSigmoidGate(torch.autograd.Function):
     """`values (*, G, D) * sigmoid_gate(logits (*, G, w), scale, keep).to(values.dtype)` in torch ops, whose
     gradients are those autograd gives that formula, bit for bit, but which keeps for backward only the values
@@ -509,6 +518,8 @@ def gate_multiply_unchecked(
     if torch.compiler.is_compiling():
         return (values.float() * sigmoid_gate(gate_logits, gate_scale, keep)).to(values.dtype)
     needs_grad = torch.is_grad_enabled() and (values.requires_grad or gate_logits.requires_grad)
+    if needs_grad and FUSED_PASS_IN_TRAINING:
+        return SigmoidGateMultiply.apply(values, gate_logits, keep, float(gate_scale))
     if not fused_pays(values.shape[:-2].numel(), values, needs_grad):
         if needs_grad:
             return RecomputedSigmoidGate.apply(values, gate_logits, gate_scale, keep)

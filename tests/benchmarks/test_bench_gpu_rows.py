@@ -258,3 +258,26 @@ def test_timed_warms_up_once_and_calls_before_right_before_the_timed_call():
     assert calls == ["fn", "before", "fn"] and seconds >= 0
     bench.timed(lambda: calls.append("fn"))
     assert calls[3:] == ["fn"]
+
+
+def test_fused_pass_in_training_cases_set_the_flag_only_while_set(monkeypatch):
+    """`..., fused pass in training` cases (one per fused_gate gate) patch like their fused_gate case and set
+    `ops.FUSED_PASS_IN_TRAINING` while they are the case, and only then."""
+    from helpers import tiny_model
+
+    import hf_gate_attention.kernels.ops as ops
+
+    monkeypatch.setattr(ops, "FUSED_PASS_IN_TRAINING", False)
+    model = tiny_model("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=3)
+    args = SimpleNamespace(
+        device="cpu", gates=["output/headwise"], backends=["torch", "fused_gate"], top_ks=[]
+    )
+    bench = Bench(model, args)
+    case = "output/headwise:fused_gate, fused pass in training"
+    assert (
+        list(bench.train_cases) == [case]
+        and bench.train_cases[case] == bench.cases["output/headwise:fused_gate"]
+    )
+    for name, flag in ((case, True), ("output/headwise:fused_gate", False), (case, True), (BASELINE, False)):
+        bench.set_case(name)
+        assert ops.FUSED_PASS_IN_TRAINING is flag, name

@@ -380,6 +380,20 @@ def test_torch_compile_fullgraph_top_k_training_on_triton(sparse):
     _assert_same(torch.compile(model, backend="aot_eager", fullgraph=True), reference, inputs)
 
 
+def test_fused_pass_in_training_equals_the_torch_path(monkeypatch):
+    """`ops.FUSED_PASS_IN_TRAINING` (what gpu.py's `..., fused pass in training` cases set): training steps of
+    `fused_gate` run the fused gate pass's forward and backward kernels, with the torch path's gradients."""
+    from hf_gate_attention.kernels import gate_multiply, ops
+
+    calls = []
+    backward = gate_multiply.gate_multiply_backward
+    monkeypatch.setattr(ops, "FUSED_PASS_IN_TRAINING", True)
+    monkeypatch.setattr(gate_multiply, "gate_multiply_backward", lambda *a: calls.append(1) or backward(*a))
+    reference, model = _pair(granularity="elementwise")
+    _assert_same(model, reference, _padded_inputs())
+    assert len(calls) == model.config.num_hidden_layers
+
+
 # --- "auto" and the backend contract ---
 
 

@@ -118,7 +118,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hf_gate_attention.files import atomic_write_text
 
 PHASES = ("prefill", "train", "train_profile", "decode_eager", "decode_graph", "sparse_decode", "kernels")
-PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "train_profile": 1.0, "decode_eager": 2.0, "decode_graph": 2.0}
+PHASE_WEIGHTS = {"prefill": 1.0, "train": 1.5, "train_profile": 1.5, "decode_eager": 1.5, "decode_graph": 2.0}
 PHASE_WEIGHTS.update(sparse_decode=2.0, kernels=1.5)  # shares of --budget-s
 CUDA_PHASES = ("decode_graph", "sparse_decode", "kernels")
 

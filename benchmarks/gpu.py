@@ -58,12 +58,13 @@ Phases:
 
 Every case is called once before the timed rounds (its `first_call_s` includes Triton compilation and
 autotuning not done by an earlier phase). Then each round times every case once, in an order rotated from
-round to round; in `prefill` and `train` after one untimed call (the first call after patching runs on a
-changed allocator and weight layout; `first_call_s` there covers both calls); a case's ratio is the median
-over rounds of (case / ungated of the same round), with the range of the rounds. `--budget-s` bounds the whole
-run: each phase gets a share of the time left and runs fewer rounds (at least one) when the next would not
-fit; cases are never dropped. The CSVs and the Markdown are rewritten after each phase, so a killed run keeps
-what it measured. Targets: `TARGETS`, `KERNEL_TARGET` and the `SPARSE_*` constants of `gpu_bench.py`.
+round to round, with Python's garbage collector off during each timed call (as `timeit`); in `prefill` and
+`train` after one untimed call (the first call after patching runs on a changed allocator and weight layout;
+`first_call_s` there covers both calls); a case's ratio is the median over rounds of (case / ungated of the
+same round), with the range of the rounds. `--budget-s` bounds the whole run: each phase gets a share of the
+time left and runs fewer rounds (at least one) when the next would not fit; cases are never dropped. The CSVs
+and the Markdown are rewritten after each phase, so a killed run keeps what it measured. Targets: `TARGETS`,
+`KERNEL_TARGET` and the `SPARSE_*` constants of `gpu_bench.py`.
 
 Files: this one (options, phase budgets, the Markdown report), `gpu_bench.py` (cases, targets, `Bench`: timing
 rounds and rows), `gpu_phases.py` (one `run_<phase>` per phase), `harness.py` (rounds, ratios, CSV).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import math
 import statistics
 import time
@@ -153,18 +154,26 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def timed(self, fn, warmup: bool = False, before=None) -> float:
-        """Seconds of one `fn()`, the device synchronised around it; with `warmup`, after one untimed call
-        (the first call after `set_case` patched the model runs on a changed allocator and weight layout:
-        it measured a changed state, not the case); `before()` runs right before the timed call."""
+        """Seconds of one `fn()`, the device synchronised around it and Python's garbage collector off during
+        it, as `timeit` does (a collection inside a host-bound decode loop is noise, not the case); with
+        `warmup`, after one untimed call (the first call after `set_case` patched the model runs on a changed
+        allocator and weight layout: it measured a changed state, not the case); `before()` runs right
+        before the timed call."""
         if warmup:
             fn()
         self.sync()
         if before is not None:
             before()
-        start = time.perf_counter()
-        fn()
-        self.sync()
-        return time.perf_counter() - start
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            fn()
+            self.sync()
+            return time.perf_counter() - start
+        finally:
+            if collecting:
+                gc.enable()
 
     def interleaved(self, label: str, run, deadline: float, cases=None) -> dict:
         """`run(case) -> dict of measures` for every case (default: `self.cases`): one first call (timed as

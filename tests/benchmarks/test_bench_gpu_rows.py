@@ -253,11 +253,17 @@ def test_train_profile_rows_name_what_the_gate_adds(monkeypatch):
 
 
 def test_timed_warms_up_once_and_calls_before_right_before_the_timed_call():
+    import gc
+
     bench, calls = sparse_bench(rounds=1), []
-    seconds = bench.timed(lambda: calls.append("fn"), warmup=True, before=lambda: calls.append("before"))
-    assert calls == ["fn", "before", "fn"] and seconds >= 0
-    bench.timed(lambda: calls.append("fn"))
-    assert calls[3:] == ["fn"]
+
+    def fn():
+        calls.append(("fn", gc.isenabled()))
+
+    seconds = bench.timed(fn, warmup=True, before=lambda: calls.append(("before", gc.isenabled())))
+    assert calls == [("fn", True), ("before", True), ("fn", False)] and seconds >= 0 and gc.isenabled()
+    bench.timed(fn)
+    assert calls[3:] == [("fn", False)] and gc.isenabled()  # the collector is off while timing only
 
 
 def test_fused_pass_in_training_cases_set_the_flag_only_while_set(monkeypatch):

@@ -510,7 +510,8 @@ def gate_multiply_unchecked(
       step, x1.075 / x1.087 the ungated time against x1.095 / x1.110 with the kernel's forward and backward
       (headwise / elementwise, 4k tokens; the kernel used less memory: x1.017 / x1.042 against x1.018 /
       x1.075); they run in `RecomputedSigmoidGate`, which keeps the logits for backward instead of the
-      float32 sigmoid and the cast gate;
+      float32 sigmoid and the cast gate (`FUSED_PASS_IN_TRAINING`: the kernels instead, for gpu.py to
+      compare);
     - host-bound calls (`host_bound`: eager decode) without gradients: the sigmoid in the values' dtype when
       that gives the same bits (`rounds_like_float32`), two or three torch ops, fewer host steps than a
       Triton launch or the float32 formula's casts.

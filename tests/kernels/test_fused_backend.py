@@ -123,10 +123,8 @@ def test_top_k_prefill_on_triton_equals_the_masked_reference(cache, sparse, monk
                     **cached,
                 )
         with torch.no_grad():
-            out = model(
-                input_ids=inputs["input_ids"][:, 4:] if cache else inputs["input_ids"],
-                **{"attention_mask": inputs["attention_mask"], **cached},
-            )
+            ids = inputs["input_ids"][:, 4:] if cache else inputs["input_ids"]
+            out = model(input_ids=ids, attention_mask=inputs["attention_mask"], **cached)
         logits[backend] = out.logits
     rows = inputs["attention_mask"][:, -logits["torch"].shape[1] :].bool()
     torch.testing.assert_close(logits["triton"][rows], logits["torch"][rows], atol=1e-5, rtol=1e-5)

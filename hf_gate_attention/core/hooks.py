@@ -133,7 +133,7 @@ class _BlockPatch:
             for module in self.block.modules():
                 BLOCK_PATCHES.pop(module, None)
 
-    def _gate(self) -> nn.Module:
+    def gate(self) -> nn.Module:
         """The block's gate now (PEFT's `modules_to_save` may have wrapped it); `_modules`, not `getattr`:
         this runs per layer and token."""
         return self.block._modules[GATE_MODULE_NAME]
@@ -198,13 +198,13 @@ class _BlockPatch:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
         if self.gate_multiply is not None:
-            logits, keep = self._gate()(**inputs, logits_only=True)
+            logits, keep = self.gate()(**inputs, logits_only=True)
             return self.gate_multiply(values, logits, self.scale, keep)
-        return apply_gate(values, self._gate()(**inputs))
+        return apply_gate(values, self.gate()(**inputs))
 
     def take_gate_logits(self):
         """For the fused attention function: `(logits (B, L, H, w), keep (B, L, H) or None, scale)`."""
-        logits, keep = self._gate()(**self._take_inputs(), logits_only=True)
+        logits, keep = self.gate()(**self._take_inputs(), logits_only=True)
         self.stash["fused"] = True
         return logits, keep, self.scale
 
@@ -214,7 +214,7 @@ class _BlockPatch:
         selection, if one stashed it as `gate`)."""
         inputs = self._take_inputs()
         precomputed = self.stash.pop("gate", None)
-        gate, keep = precomputed if precomputed is not None else self._gate().with_selection(**inputs)
+        gate, keep = precomputed if precomputed is not None else self.gate().with_selection(**inputs)
         self.stash["fused"] = True
         return gate, keep
 

@@ -112,7 +112,7 @@ def sparse_attention_forward(
     num_groups, key_length = key.shape[1], key.shape[2]
     heads_per_group = num_heads // num_groups
     causal = is_causal(module, kwargs, query_length)
-    gate_module = block_patch._gate()
+    gate_module = block_patch.gate()
     one_token = batch * query_length == 1 and not kwargs.get("output_attentions")
     streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
     reads = None  # or what every head gives reading only those keys, (B, L, H, D)

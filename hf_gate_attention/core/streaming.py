@@ -179,7 +179,7 @@ def streaming_attention_forward(
     attend = {"scaling": scaling, "dropout": dropout, **kwargs}
     full, _ = sdpa_attention_forward(module, query, key, value, attention_mask, is_causal=causal, **attend)
     allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-    gate_module = block_patch._gate()
+    gate_module = block_patch.gate()
     streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
     dropped, _ = sdpa_attention_forward(module, query, key, value, streaming, is_causal=False, **attend)
     attended = torch.where(keep.unsqueeze(-1) > 0, full, dropped)  # (B, L, H, D)

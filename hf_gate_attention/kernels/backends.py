@@ -169,7 +169,7 @@ def fused_attention_forward(
         t is not None and t.requires_grad for t in (query, key, value, logits)
     )
     short = query.shape[2] <= MAX_DECODE_QUERIES and not needs_grad
-    gate = None if block_patch is None else block_patch._gate()
+    gate = None if block_patch is None else block_patch.gate()
     options = {} if gate is None or not gate.dropped_reads_keys else _streaming_options(gate)
     if options and not short:  # prefill and training: the vendor attention twice (see the README)
         attention = streaming_attention
@@ -301,9 +301,8 @@ def _merge(block_patch, family) -> None:
 
 
 def _unmerge(block: nn.Module) -> None:
-    gate = getattr(block, GATE_MODULE_NAME)
     for module in block.modules():
-        restore_query_projection(module, gate)
+        restore_query_projection(module)
 
 
 register_backend(

@@ -14,8 +14,10 @@ rounding), because they measured faster there on an H200 (benchmarks/results/gpu
 (the merged GEMM's backward and the output it keeps alive cost x1.09-1.11 per step against x1.06 for the
 torch path), eager decode (host-bound: fewer Python steps win), `torch.compile` tracing; and wherever the
 merge cannot hold: the parameters no longer share the buffer (`model.to(...)`, `load_state_dict(assign=True)`,
-FSDP's flat parameters, a LoRA merge that reassigned `.data`), or a projection that is not a plain
-`nn.Linear` (not merged at patch time).
+FSDP's flat parameters, a LoRA merge that reassigned `.data`), the block's gate is no longer the merged one
+(PEFT's `modules_to_save` wraps it and runs a trainable copy), or a projection that is not a plain
+`nn.Linear` (not merged at patch time). There the query projection keeps its input `x` for the block's gate
+now, which computes the logits itself.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> None:
         query.bias = _reparented(query.bias, bias[:n_q])
     gate.bias = _reparented(gate.bias, bias[n_q:])
     forward = _merged_forward(query, gate, block_patch, weight, bias)
-    setattr(forward, _OURS, True)
+    setattr(forward, _OURS, gate)  # the gate whose weights share the buffer, for `restore_query_projection`
     query.forward = forward
     block_patch.query_computes_logits()
 
@@ -75,29 +77,33 @@ def _merged_forward(query: nn.Linear, gate: nn.Module, block_patch, weight: torc
     shape = (gate.num_gated_heads, gate.width)
 
     def merged(x):
-        """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]`."""
-        q_bias = query.bias
+        """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]` (one GEMM), or
+        `x` goes to `block_patch.stash["x"]` for the block's gate to compute them (the reference's two)."""
         needs_grad = torch.is_grad_enabled() and (
             x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad
         )
-        if not fused_pays(x.shape[:-1].numel(), x, needs_grad) or not (
-            _view_of(query.weight, weight, 0)
+        if (
+            fused_pays(x.shape[:-1].numel(), x, needs_grad)
+            and block_patch.gate() is gate
+            and _view_of(query.weight, weight, 0)
             and _view_of(gate.weight, weight, n_q)
             and _view_of(gate.bias, bias, n_q)
-            and (q_bias is None or _view_of(q_bias, bias, 0))
+            and (query.bias is None or _view_of(query.bias, bias, 0))
         ):
-            block_patch.stash["logits"] = gate.logits(x=x)
-            return F.linear(x, query.weight, q_bias)
-        y = F.linear(x, weight, bias)  # (..., n_q + n_g)
-        block_patch.stash["logits"] = y[..., n_q:].unflatten(-1, shape)
-        return y[..., :n_q]
+            y = F.linear(x, weight, bias)  # (..., n_q + n_g)
+            block_patch.stash["logits"] = y[..., n_q:].unflatten(-1, shape)
+            return y[..., :n_q]
+        block_patch.stash["x"] = x
+        return F.linear(x, query.weight, query.bias)
 
     return merged
 
 
-def restore_query_projection(query: nn.Module, gate: nn.Module) -> None:
-    """Undo `merge_query_gate`: the plain `forward` back, and each parameter in storage of its own."""
-    if not getattr(query.__dict__.get("forward"), _OURS, False):
+def restore_query_projection(query: nn.Module) -> None:
+    """Undo `merge_query_gate`: the plain `forward` back, and each parameter of the query projection and the
+    gate merged with it in storage of its own."""
+    gate = getattr(query.__dict__.get("forward"), _OURS, None)
+    if gate is None:
         return
     del query.forward
     for module, name in ((query, "weight"), (query, "bias"), (gate, "weight"), (gate, "bias")):

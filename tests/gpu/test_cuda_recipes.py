@@ -86,8 +86,9 @@ def train_runs(config, tokenizer, train_one) -> None:
     train_all(config, tokenizer, load_data(config), train_one)
 
 
-def test_summarization_recipe_bf16_steps(tiny_assets, tmp_path, backend):
-    require("accelerate", "datasets")
+@pytest.mark.parametrize("train", ["full", "gates+lora"])  # gates+lora: PEFT runs trainable gate copies
+def test_summarization_recipe_bf16_steps(tiny_assets, tmp_path, backend, train):
+    require("accelerate", "datasets", *(["peft"] if train == "gates+lora" else []))
     from hf_gate_attention.offline import resolve_model
     from hf_gate_attention.recipes.common.training import load_tokenizer
     from hf_gate_attention.recipes.summarization import RecipeConfig
@@ -95,7 +96,7 @@ def test_summarization_recipe_bf16_steps(tiny_assets, tmp_path, backend):
 
     gated = {"name": "output-headwise", "gate": {"variant": "output", "granularity": "headwise"}}
     keys = tiny_config(tiny_assets, tmp_path / "results", runs=[gated], eval_steps=None, max_steps=STEPS)
-    config = RecipeConfig.from_dict(keys | {"bf16": True, "backend": backend})
+    config = RecipeConfig.from_dict(keys | {"bf16": True, "backend": backend, "train": train})
     watch = WeightWatch()
     model_path = resolve_model(config.model)
     tokenizer = load_tokenizer(model_path)

@@ -45,6 +45,7 @@ def _merged(model) -> bool:
     attention = model.model.layers[0].self_attn
     query, gate = attention.q_proj, attention.attn_gate
     query = query.get_base_layer() if hasattr(query, "get_base_layer") else query
+    gate = getattr(gate, "original_module", gate)  # PEFT's modules_to_save wrapper: the gate patch made
     storage = query.weight.untyped_storage().data_ptr()
     return gate.weight.untyped_storage().data_ptr() == storage
 
@@ -310,6 +311,37 @@ def test_peft_lora_on_the_query_projection(order):
     rows = inputs["attention_mask"].bool()
     torch.testing.assert_close(logits[rows], expected[rows], rtol=1e-4, atol=1e-5)
     assert grads.keys() == expected_grads.keys() and any("lora_A" in n for n in grads)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_peft_modules_to_save_runs_and_trains_the_gates_copy():
+    """With `modules_to_save=["attn_gate"]` PEFT runs a trainable copy of each gate: the logits must come from
+    that copy, in training, in the merged GEMM's prefill and in short calls (before the fix the query GEMM
+    computed them from the frozen original: the copies changed nothing and got no gradient)."""
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["attn_gate"])
+    models = {}
+    for backend in ("torch", "fused_gate"):
+        torch.manual_seed(0)
+        models[backend] = peft.get_peft_model(patch(tiny_model("llama"), backend=backend, **GATE), lora)
+    models["fused_gate"].load_state_dict(models["torch"].state_dict())
+    with torch.no_grad():
+        for model in models.values():
+            for name, param in model.named_parameters():
+                if "modules_to_save" in name:  # the copies differ from the originals from here on
+                    param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))))
+    short, prefill = _padded_inputs(length=5), _padded_inputs(length=20)  # 10 and 40 tokens
+    fused, reference = models["fused_gate"], models["torch"]
+    with torch.no_grad():
+        for inputs in (short, prefill):
+            rows = inputs["attention_mask"].bool()
+            logits, expected = (model(**inputs).logits[rows] for model in (fused, reference))
+            torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+    assert _merged(fused.get_base_model())  # the original gate stays merged, unused while wrapped
+    logits, grads = _logits_and_grads(fused, prefill)
+    expected, expected_grads = _logits_and_grads(reference, prefill)
+    assert grads.keys() == expected_grads.keys() and any("modules_to_save" in n for n in grads)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 

@@ -13,7 +13,7 @@ into saved checkpoints as the code that `trust_remote_code=True` runs (see `shar
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
+from functools import partial
 
 import torch
 from torch import nn
@@ -27,10 +27,16 @@ CONFIG_ATTRIBUTE = "gate_attention"
 PATCHES_ATTRIBUTE = "_gate_attention_patches"
 QKV_ROLES = ("query", "key", "value")  # also the layout of a fused qkv projection's output
 
-# any module inside a block whose gate is applied by the attention function (the fused Triton attention, or
-# the sparse top-k attention) -> its block patch. The attention function gets the module that calls it: the
-# block itself in decoders, a child such as BertSelfAttention in BERT.
-BLOCK_PATCHES: WeakKeyDictionary = WeakKeyDictionary()
+# set on every module inside a block whose gate is applied by the attention function (the fused Triton
+# attention, or the sparse top-k attention): its block patch. The attention function gets the module that
+# calls it: the block itself in decoders, a child such as BertSelfAttention in BERT. An attribute of the
+# module, so that `copy.deepcopy(model)` gives the copy's modules the copy's block patches.
+BLOCK_PATCH_ATTRIBUTE = "_gate_attention_block_patch"
+
+
+def block_patch_of(module: nn.Module):
+    """The block patch whose gate the attention function called by `module` applies, or `None`."""
+    return getattr(module, BLOCK_PATCH_ATTRIBUTE, None)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -79,7 +85,7 @@ class _BlockPatch:
         self._sync_hooks(block, ())
         if gate_in_attention:
             for module in block.modules():
-                BLOCK_PATCHES[module] = self
+                setattr(module, BLOCK_PATCH_ATTRIBUTE, self)
 
     def _roles(self) -> dict[str, frozenset[str]]:
         """Projection path -> the roles it plays (a fused qkv projection plays three)."""
@@ -131,7 +137,7 @@ class _BlockPatch:
         self.stash.clear()
         if self.gate_in_attention:
             for module in self.block.modules():
-                BLOCK_PATCHES.pop(module, None)
+                module.__dict__.pop(BLOCK_PATCH_ATTRIBUTE, None)
 
     def gate(self) -> nn.Module:
         """The block's gate now (PEFT's `modules_to_save` may have wrapped it); `_modules`, not `getattr`:
@@ -141,8 +147,8 @@ class _BlockPatch:
     def _projection_hook(self, roles: frozenset[str]):
         """The forward hook of a projection with these roles, or `None` if it has nothing to do: it keeps
         the gate inputs read from it (`x`: its input; else its output's part of that role) and gates the part
-        of its output that the variant gates (`GateVariant.gates`, e.g. the values)."""
-        stash = self.stash
+        of its output that the variant gates (`GateVariant.gates`, e.g. the values). Bound methods, not
+        closures: `copy.deepcopy(model)` gives the copy's hooks the copy's block patch."""
         reads = tuple(
             (name, role)
             for name, role in self.gate_variant.inputs
@@ -153,24 +159,22 @@ class _BlockPatch:
         if not reads and gated is None:
             return None
         if gated is None and all(name == "x" for name, _ in reads):
+            return self._keep_input
+        return partial(self._keep_inputs_and_gate, reads, gated)
 
-            def keep_input(module, args, output):
-                stash["x"] = args[0]
+    def _keep_input(self, module, args, output):
+        self.stash["x"] = args[0]
 
-            return keep_input
-
-        def keep_inputs_and_gate(module, args, output):
-            parts = self._split(output)
-            for name, role in reads:
-                stash[name] = args[0] if name == "x" else parts[role]
-            if gated is None:
-                return None
-            gated_part = self._apply(parts[gated], self._take_inputs())
-            if not self.family.fused_qkv:
-                return gated_part
-            return torch.cat([gated_part if role == gated else parts[role] for role in QKV_ROLES], dim=-1)
-
-        return keep_inputs_and_gate
+    def _keep_inputs_and_gate(self, reads, gated, module, args, output):
+        parts = self._split(output)
+        for name, role in reads:
+            self.stash[name] = args[0] if name == "x" else parts[role]
+        if gated is None:
+            return None
+        gated_part = self._apply(parts[gated], self._take_inputs())
+        if not self.family.fused_qkv:
+            return gated_part
+        return torch.cat([gated_part if role == gated else parts[role] for role in QKV_ROLES], dim=-1)
 
     def _split(self, output: torch.Tensor) -> dict[str, torch.Tensor]:
         """A projection's output by role (fused qkv: `(..., q_size + 2 * kv_size)` laid out `[q, k, v]`)."""

@@ -7,6 +7,7 @@ the model on `unpatch`. The backend is a property of this patched instance, neve
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from types import MethodType
 
@@ -27,7 +28,9 @@ from .hooks import (
 
 _BACKEND_ATTRIBUTE = "_gate_attention_backend"
 _PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
-_ATTENTION_ATTRIBUTE = "_gate_attention_attention"  # the attention implementation that applies the gates
+# the name of the Python module of the attention implementation that applies the gates (a name, not the
+# module: `copy.deepcopy(model)` cannot copy a module)
+_ATTENTION_ATTRIBUTE = "_gate_attention_attention"
 
 
 # instance methods bound on a patched model (removed by unpatch): name -> function(model, *args, **kwargs).
@@ -95,7 +98,7 @@ def patch(
             attention.prepare_block(block_patch)
     if attention is not None:
         attention.register_attention_implementation()
-        setattr(base, _ATTENTION_ATTRIBUTE, attention)
+        setattr(base, _ATTENTION_ATTRIBUTE, attention.__name__)
         setattr(base, _PREVIOUS_ATTN_ATTRIBUTE, base.config._attn_implementation)
         base.set_attn_implementation(attention.ATTN_IMPLEMENTATION)
     if train_gates_only:
@@ -109,7 +112,8 @@ def unpatch(model: nn.Module) -> nn.Module:
     if not is_patched(base):
         raise ValueError("this model is not patched with gated attention")
     runner = backend_named(getattr(base, _BACKEND_ATTRIBUTE))
-    attention = base.__dict__.pop(_ATTENTION_ATTRIBUTE, None)
+    attention_name = base.__dict__.pop(_ATTENTION_ATTRIBUTE, None)
+    attention = None if attention_name is None else importlib.import_module(attention_name)
     releases = [f for f in (runner.release_block, getattr(attention, "release_block", None)) if f is not None]
     for block_patch in getattr(base, PATCHES_ATTRIBUTE):
         block_patch.remove()

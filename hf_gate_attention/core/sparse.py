@@ -26,20 +26,20 @@ to the rounding of SDPA and matmuls on other shapes (< 1e-5 in float32).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .gate import apply_gate
-from .hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from .hooks import GATE_MODULE_NAME, block_patch_of
 from .streaming import allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
 from .variants import GATE_VARIANTS, names_where
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
 # attention options SDPA (and so this path) does not have
 UNSUPPORTED_OPTIONS = ("attn_logit_softcapping",)
-# marks the `forward` this module sets on a projection instance (`prepare_block`)
-_OURS = "_hf_gate_attention_decode_projection"
 
 
 def sparse_unavailable_reason(variant: str, top_k: int | None, model_config) -> str | None:
@@ -100,7 +100,7 @@ def sparse_attention_forward(
     (B, L, H, D), gated; heads top-k dropped are 0."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    block_patch = BLOCK_PATCHES.get(module)
+    block_patch = block_patch_of(module)
     if block_patch is None:  # an attention module without gate (e.g. a layer not in GateConfig.layers)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -260,40 +260,33 @@ def _runs(kept: list[bool], width: int) -> list[slice]:
     return runs
 
 
-def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int):
-    """`forward` of the query projection: for one token, the gate and top-k selection are computed from the
-    input first (stashed for the attention function) and only the kept heads' rows are projected."""
-
-    def forward(x):  # x: (..., hidden)
-        block_patch.stash.pop("gate", None)
-        if x.shape[:-1].numel() != 1:
-            return F.linear(x, module.weight, module.bias)
-        gate, keep = getattr(block_patch.block, GATE_MODULE_NAME).with_selection(x=x)
-        block_patch.stash["gate"] = (gate, keep)
-        kept = (keep.flatten() > 0).tolist()
-        if all(kept):
-            return F.linear(x, module.weight, module.bias)
-        out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)
-        bias = module.bias
-        for rows in _runs(kept, head_dim):
-            out[..., rows] = F.linear(x, module.weight[rows], None if bias is None else bias[rows])
-        return out
-
-    return forward
+def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int, x: torch.Tensor):
+    """`forward` of the query projection, `x: (..., hidden)`: for one token, the gate and top-k selection are
+    computed from the input first (stashed for the attention function) and only the kept heads' rows are
+    projected."""
+    block_patch.stash.pop("gate", None)
+    if x.shape[:-1].numel() != 1:
+        return F.linear(x, module.weight, module.bias)
+    gate, keep = getattr(block_patch.block, GATE_MODULE_NAME).with_selection(x=x)
+    block_patch.stash["gate"] = (gate, keep)
+    kept = (keep.flatten() > 0).tolist()
+    if all(kept):
+        return F.linear(x, module.weight, module.bias)
+    out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)
+    bias = module.bias
+    for rows in _runs(kept, head_dim):
+        out[..., rows] = F.linear(x, module.weight[rows], None if bias is None else bias[rows])
+    return out
 
 
-def _partial_output(module: nn.Linear, block_patch, head_dim: int):
-    """`forward` of the output projection: after `_decode_one_token`, only the columns of the kept heads (the
-    dropped heads' inputs are exactly 0, so the result is the same)."""
-
-    def forward(x):  # x: (..., H*D)
-        kept = block_patch.stash.pop("kept_heads", None)
-        if kept is None or x.shape[:-1].numel() != 1 or all(kept):
-            return F.linear(x, module.weight, module.bias)
-        out = sum(F.linear(x[..., columns], module.weight[:, columns]) for columns in _runs(kept, head_dim))
-        return out if module.bias is None else out + module.bias
-
-    return forward
+def _partial_output(module: nn.Linear, block_patch, head_dim: int, x: torch.Tensor):
+    """`forward` of the output projection, `x: (..., H*D)`: after `_decode_one_token`, only the columns of
+    the kept heads (the dropped heads' inputs are exactly 0, so the result is the same)."""
+    kept = block_patch.stash.pop("kept_heads", None)
+    if kept is None or x.shape[:-1].numel() != 1 or all(kept):
+        return F.linear(x, module.weight, module.bias)
+    out = sum(F.linear(x[..., columns], module.weight[:, columns]) for columns in _runs(kept, head_dim))
+    return out if module.bias is None else out + module.bias
 
 
 def _replaceable(module: nn.Module) -> bool:
@@ -303,23 +296,23 @@ def _replaceable(module: nn.Module) -> bool:
 
 def prepare_block(block_patch) -> None:
     """Give the block's query (a gate reading only its input, separate projection) and output projections the
-    partial single-token `forward`s above, on these instances only (`release_block` removes them)."""
+    partial single-token `forward`s above, on these instances only (`release_block` removes them): partials,
+    not closures, so that `copy.deepcopy(model)` gives the copy's projections the copy's modules."""
     block, family = block_patch.block, block_patch.family
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
-    replacements = {family.output: lambda module: _partial_output(module, block_patch, head_dim)}
+    replacements = {family.output: (_partial_output, head_dim)}
     if block_patch.gate_variant.reads_query_input and not family.fused_qkv and not gate.dropped_reads_keys:
-        replacements[family.query] = lambda module: _partial_query(module, block_patch, num_heads, head_dim)
-    for path, make in replacements.items():
+        replacements[family.query] = (_partial_query, num_heads, head_dim)
+    for path, (forward, *sizes) in replacements.items():
         module = block.get_submodule(path)
         if _replaceable(module):
-            forward = make(module)
-            setattr(forward, _OURS, True)
-            module.forward = forward
+            module.forward = partial(forward, module, block_patch, *sizes)
 
 
 def release_block(block: nn.Module) -> None:
     """Remove the `forward`s `prepare_block` set in `block` (run by `unpatch`)."""
     for module in block.modules():
-        if getattr(module.__dict__.get("forward"), _OURS, False):
+        forward = module.__dict__.get("forward")
+        if isinstance(forward, partial) and forward.func in (_partial_query, _partial_output):
             del module.forward

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .gate import apply_gate
-from .hooks import BLOCK_PATCHES
+from .hooks import block_patch_of
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_streaming"
 
@@ -168,7 +168,7 @@ def streaming_attention_forward(
     drops for a query attend only to its sink and window keys."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    block_patch = BLOCK_PATCHES.get(module)
+    block_patch = block_patch_of(module)
     if block_patch is None:  # an attention module without gate (a layer not in GateConfig.layers)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from ..core.backends import GateBackend, register_backend
 from ..core.config import GateConfig
-from ..core.hooks import BLOCK_PATCHES, GATE_MODULE_NAME
+from ..core.hooks import GATE_MODULE_NAME, block_patch_of
 from ..core.sparse import sparse_unavailable_reason
 from ..core.streaming import blocked_streaming_attention, streaming_keys
 from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
@@ -162,7 +162,7 @@ def fused_attention_forward(
     if torch.is_autocast_enabled(device_type):  # e.g. Llama's rotary step leaves q, k in float32, v in bf16
         dtype = torch.get_autocast_dtype(device_type)
         query, key, value = (t.to(dtype) for t in (query, key, value))
-    block_patch = BLOCK_PATCHES.get(module)
+    block_patch = block_patch_of(module)
     logits, keep, scale = (None, None, 1.0) if block_patch is None else block_patch.take_gate_logits()
     key_padding_mask, kv_length = _key_mask_and_length(attention_mask)
     needs_grad = torch.is_grad_enabled() and any(

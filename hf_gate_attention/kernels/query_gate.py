@@ -22,15 +22,14 @@ now, which computes the logits itself.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..core.variants import linear_logits
 from .ops import fused_pays
-
-# marks the `forward` set on a query projection instance (removed by `restore_query_projection`)
-_OURS = "_hf_gate_attention_merged_query_gate"
 
 
 def _view_of(param: torch.Tensor, buffer: torch.Tensor, start: int) -> bool:
@@ -62,9 +61,7 @@ def merge_query_gate(query: nn.Linear, gate: nn.Module, block_patch) -> None:
     if query.bias is not None:
         query.bias = _reparented(query.bias, bias[:n_q])
     gate.bias = _reparented(gate.bias, bias[n_q:])
-    forward = _merged_forward(query, gate, block_patch, weight, bias)
-    setattr(forward, _OURS, gate)  # the gate whose weights share the buffer, for `restore_query_projection`
-    query.forward = forward
+    query.forward = _MergedForward(query, gate, block_patch, weight, bias)
     block_patch.query_computes_logits()
 
 
@@ -72,39 +69,68 @@ def _reparented(param: nn.Parameter, view: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(view, requires_grad=param.requires_grad)
 
 
-def _merged_forward(query: nn.Linear, gate: nn.Module, block_patch, weight: torch.Tensor, bias: torch.Tensor):
-    n_q = query.out_features
-    shape = (gate.num_gated_heads, gate.width)
+class _MergedForward:
+    """The query projection's `forward` (that instance only): `q (..., n_q)` of `x (..., hidden)`; the gate
+    logits `(..., G, w)` go to `block_patch.stash["logits"]` (one GEMM on the merged `weight (n_q + n_g,
+    hidden)` and `bias`), or `x` goes to `block_patch.stash["x"]` for the block's gate to compute them (the
+    reference's two GEMMs).
 
-    def merged(x):
-        """`q (..., n_q)`; the gate logits `(..., G, w)` go to `block_patch.stash["logits"]` (one GEMM), or
-        `x` goes to `block_patch.stash["x"]` for the block's gate to compute them (the reference's two)."""
+    An object, not a closure, so that `copy.deepcopy(model)` gives the copy's projection the copy's modules;
+    their parameters get storage of their own there (`nn.Parameter.__deepcopy__` clones), so a copy runs the
+    two GEMMs and keeps no merged buffer (`weight=None`)."""
+
+    def __init__(self, query: nn.Linear, gate: nn.Module, block_patch, weight, bias):
+        self.query, self.gate, self.block_patch = query, gate, block_patch
+        self.weight, self.bias = weight, bias  # the merged buffers, or None: the two GEMMs
+
+    def __deepcopy__(self, memo):
+        copied = memo[id(self)] = object.__new__(_MergedForward)  # before the modules that refer to it
+        modules = (copy.deepcopy(x, memo) for x in (self.query, self.gate, self.block_patch))
+        copied.__init__(*modules, None, None)
+        return copied
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        query, gate = self.query, self.gate
         needs_grad = torch.is_grad_enabled() and (
             x.requires_grad or query.weight.requires_grad or gate.weight.requires_grad
         )
+        n_tokens = x.shape[:-1].numel()
         if (
-            fused_pays(x.shape[:-1].numel(), x, needs_grad)
-            and block_patch.gate() is gate
-            and _view_of(query.weight, weight, 0)
-            and _view_of(gate.weight, weight, n_q)
-            and _view_of(gate.bias, bias, n_q)
-            and (query.bias is None or _view_of(query.bias, bias, 0))
+            self.weight is not None
+            and fused_pays(n_tokens, x, needs_grad)
+            and self.block_patch.gate() is gate
         ):
-            y = F.linear(x, weight, bias)  # (..., n_q + n_g)
-            block_patch.stash["logits"] = y[..., n_q:].unflatten(-1, shape)
-            return y[..., :n_q]
-        block_patch.stash["x"] = x
+            if self._shares_buffer():
+                n_q = query.out_features
+                y = F.linear(x, self.weight, self.bias)  # (..., n_q + n_g)
+                self.block_patch.stash["logits"] = y[..., n_q:].unflatten(
+                    -1, (gate.num_gated_heads, gate.width)
+                )
+                return y[..., :n_q]
+            self.weight = self.bias = (
+                None  # the parameters have storage of their own now, for good: let it go
+            )
+        self.block_patch.stash["x"] = x
         return F.linear(x, query.weight, query.bias)
 
-    return merged
+    def _shares_buffer(self) -> bool:
+        """Whether the query and gate parameters are still views of the merged buffers."""
+        query, gate, n_q = self.query, self.gate, self.query.out_features
+        return (
+            _view_of(query.weight, self.weight, 0)
+            and _view_of(gate.weight, self.weight, n_q)
+            and _view_of(gate.bias, self.bias, n_q)
+            and (query.bias is None or _view_of(query.bias, self.bias, 0))
+        )
 
 
 def restore_query_projection(query: nn.Module) -> None:
     """Undo `merge_query_gate`: the plain `forward` back, and each parameter of the query projection and the
     gate merged with it in storage of its own."""
-    gate = getattr(query.__dict__.get("forward"), _OURS, None)
-    if gate is None:
+    forward = query.__dict__.get("forward")
+    if not isinstance(forward, _MergedForward):
         return
+    gate = forward.gate
     del query.forward
     for module, name in ((query, "weight"), (query, "bias"), (gate, "weight"), (gate, "bias")):
         param = getattr(module, name)

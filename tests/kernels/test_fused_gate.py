@@ -8,6 +8,7 @@ what `"auto"` picks. On CPU the kernels run through Triton's interpreter (confte
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -17,7 +18,7 @@ from helpers import VARIANTS, tiny_inputs, tiny_model
 
 pytest.importorskip("triton")
 
-from hf_gate_attention import GateConfig, from_pretrained, gate_backend_of, patch, unpatch
+from hf_gate_attention import GateConfig, from_pretrained, gate_backend_of, is_patched, patch, unpatch
 from hf_gate_attention.core import backends
 from hf_gate_attention.core.backends import GateBackend, register_backend, resolve_backend
 
@@ -266,12 +267,21 @@ def test_train_gates_only_gives_gradients_to_the_gates_alone():
 
 
 def test_separated_storage_falls_back_to_two_gemms():
-    """`model.to(dtype)` gives every parameter storage of its own: the reference computation runs."""
+    """`model.to(dtype)` gives every parameter storage of its own: the reference computation runs, and the
+    first call that would have run the merged GEMM lets the merged buffers go (no dead copy of the query
+    weights stays in memory)."""
     reference, model = _pair()
     model.to(torch.float16).float()
     reference.to(torch.float16).float()
     assert not _merged(model)
     _assert_same(model, reference, _padded_inputs())
+    forwards = [layer.self_attn.q_proj.forward for layer in model.model.layers]
+    assert all(forward.weight is not None for forward in forwards)  # training calls never merge
+    prefill = _padded_inputs(length=20)  # 40 tokens without gradients: where the merged GEMM would run
+    with torch.no_grad():
+        logits, expected = model(**prefill).logits, reference(**prefill).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+    assert all(forward.weight is None and forward.bias is None for forward in forwards)
 
 
 def test_unpatch_gives_the_query_projection_storage_of_its_own():
@@ -344,6 +354,37 @@ def test_peft_modules_to_save_runs_and_trains_the_gates_copy():
     assert grads.keys() == expected_grads.keys() and any("modules_to_save" in n for n in grads)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("backend", "top_k"),
+    [("torch", None), ("torch", 1), ("fused_gate", None), ("triton", None), ("triton", 1)],
+    ids=["torch", "torch-sparse-top1", "fused_gate", "triton", "triton-top1"],
+)
+def test_a_deep_copy_runs_on_its_own_modules(backend, top_k):
+    """`copy.deepcopy` of a patched model (EMA, `AveragedModel`, a frozen reference model): the copy's hooks,
+    projection `forward`s and attention function use the copy's modules and block patches, so changing the
+    copy's weights changes only the copy, which computes what a model patched afresh with those weights
+    computes; unpatching the copy leaves the original patched. Before, the copy's hooks wrote into the
+    original's block patches (RuntimeError), and a triton-patched model could not be copied at all."""
+    gate = {**GATE, "top_k": top_k, "top_k_unit": "kv_group"}
+    model = patch(tiny_model("llama", attn_implementation="sdpa"), backend=backend, **gate)
+    calls = [_padded_inputs(length=20), tiny_inputs("llama", batch=1, length=1)]  # 40 tokens, one token
+    with torch.no_grad():
+        expected = [model(**inputs).logits for inputs in calls]
+        twin = copy.deepcopy(model)
+        for param in twin.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) / 4)
+        fresh = patch(tiny_model("llama", attn_implementation="sdpa"), backend=backend, **gate)
+        fresh.load_state_dict(twin.state_dict())
+        for inputs, logits in zip(calls, expected, strict=True):
+            torch.testing.assert_close(twin(**inputs).logits, fresh(**inputs).logits, rtol=1e-4, atol=1e-5)
+            assert not torch.allclose(twin(**inputs).logits, logits, atol=1e-3)
+            assert torch.equal(model(**inputs).logits, logits)
+        unpatch(twin)
+        assert is_patched(model)
+        for inputs, logits in zip(calls, expected, strict=True):
+            assert torch.equal(model(**inputs).logits, logits)
 
 
 def test_save_and_reload_a_merged_model(tmp_path):

@@ -267,7 +267,7 @@ def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int
     block_patch.stash.pop("gate", None)
     if x.shape[:-1].numel() != 1:
         return F.linear(x, module.weight, module.bias)
-    gate, keep = getattr(block_patch.block, GATE_MODULE_NAME).with_selection(x=x)
+    gate, keep = block_patch.gate().with_selection(x=x)
     block_patch.stash["gate"] = (gate, keep)
     kept = (keep.flatten() > 0).tolist()
     if all(kept):

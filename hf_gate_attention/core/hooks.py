@@ -100,7 +100,16 @@ class _BlockPatch:
         """(Re)attach hooks to the modules now at the family's paths (they change when PEFT wraps them).
 
         Runs before every forward of the block: the paths are walked through `_modules` directly, since
-        `get_submodule` costs a third of the hooks' host time in a decode step."""
+        `get_submodule` costs a third of the hooks' host time in a decode step. Refuses a block that is not
+        this patch's own but shares its hooks: a `torch.nn.DataParallel` replica, whose threads would share
+        one stash (and re-register hooks in the original's hook dicts)."""
+        if block is not self.block:
+            raise RuntimeError(
+                "gated attention: this block is a replica sharing the original's hooks, as "
+                "torch.nn.DataParallel makes them (the Trainer wraps the model in it when it sees several "
+                "GPUs without a distributed launch); not supported: launch with torchrun or `accelerate "
+                "launch` (DistributedDataParallel), or make one GPU visible (CUDA_VISIBLE_DEVICES)"
+            )
         for path, roles in self.roles.items():
             module = block
             for name in self.path_parts[path]:

@@ -139,6 +139,31 @@ def test_peft_lora_on_a_patched_model_trains_gates_and_reloads(tmp_path):
         torch.testing.assert_close(merged(**inputs).logits, expected, atol=1e-5, rtol=1e-4)
 
 
+def _data_parallel_replica(model: torch.nn.Module) -> torch.nn.Module:
+    """What `torch.nn.parallel.replicate` (`nn.DataParallel`) makes of `model` for one device, without the
+    devices: every module a replica (`_replicate_for_data_parallel`, sharing the original's hook dicts), its
+    children the replicas of the original's, its parameters plain tensor attributes."""
+    replicas = {module: module._replicate_for_data_parallel() for module in model.modules()}
+    for original, replica in replicas.items():
+        for name, child in original._modules.items():
+            replica._modules[name] = None if child is None else replicas[child]
+        for name, param in original._parameters.items():
+            replica.__dict__[name] = param
+    return replicas[model]
+
+
+def test_a_data_parallel_replica_is_refused_with_the_alternatives():
+    """`nn.DataParallel` replicas share the original's hooks and would share one stash across its threads:
+    the block's pre-hook refuses them, naming what to do instead; the original still runs."""
+    model = _gated()
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        with pytest.raises(RuntimeError, match=r"DataParallel.*torchrun"):
+            _data_parallel_replica(model)(**inputs)
+        torch.testing.assert_close(model(**inputs).logits, expected, rtol=0, atol=0)
+
+
 def test_patching_a_peft_model():
     peft = pytest.importorskip("peft")
     peft_model = peft.get_peft_model(tiny_model("llama"), peft.LoraConfig(r=4, target_modules=["o_proj"]))

@@ -28,7 +28,7 @@ from ..core.config import GateConfig
 from ..core.hooks import GATE_MODULE_NAME, block_patch_of
 from ..core.sparse import sparse_unavailable_reason
 from ..core.streaming import blocked_streaming_attention, streaming_keys
-from .ops import MAX_DECODE_QUERIES, gate_multiply_unchecked
+from .ops import MAX_DECODE_QUERIES, capturing, gate_multiply_unchecked
 from .query_gate import merge_query_gate, restore_query_projection
 from .reference import sigmoid_gate, visible_keys
 
@@ -126,8 +126,7 @@ def key_mask(
 
 def _tracing(tensor: torch.Tensor) -> bool:
     """Whether reading `tensor` on the host would break a `torch.compile` graph or a CUDA-graph capture."""
-    capturing = tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-    return torch.compiler.is_compiling() or capturing
+    return torch.compiler.is_compiling() or capturing(tensor)
 
 
 def _key_mask_and_length(attention_mask: torch.Tensor | None):

@@ -429,12 +429,15 @@ class SigmoidGateMultiply(torch.autograd.Function):
 HOST_BOUND_TOKENS = 16
 
 
+def capturing(tensor: torch.Tensor) -> bool:
+    """Whether work on `tensor`'s device is being captured into a CUDA graph now."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def host_bound(tokens: int, tensor: torch.Tensor) -> bool:
     """Whether a call on `tokens` tokens of `tensor`'s device is limited by host work: few tokens, and not
     being captured into a CUDA graph (where only device time counts)."""
-    if tokens > HOST_BOUND_TOKENS:
-        return False
-    return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+    return tokens <= HOST_BOUND_TOKENS and not capturing(tensor)
 
 
 def fused_pays(tokens: int, tensor: torch.Tensor, needs_grad: bool) -> bool:

@@ -27,7 +27,7 @@ import contextlib
 import importlib
 
 from .core.config import GateConfig
-from .core.families import AttentionFamily, register_family, supported_model_types
+from .core.families import AttentionFamily, find_attention, register_family, supported_model_types
 from .core.gate import AttentionGate
 from .core.patching import (
     freeze_all_but_gates,
@@ -113,6 +113,7 @@ __all__ = [
     "gate_parameters",
     "is_patched",
     "patch",
+    "find_attention",
     "register_family",
     "supported_model_types",
     "unpatch",

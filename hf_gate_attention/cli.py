@@ -35,8 +35,18 @@ def _parse_layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer indices such as 0,1,5; got {text!r}") from None
 
 
+def _parse_names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
+
+
 # how a GateConfig field is read from the command line, by its annotation (`str` with its choices otherwise)
-_PARSERS = {"int": int, "int | None": int, "tuple[int, ...] | None": _parse_layers}
+_PARSERS = {
+    "int": int,
+    "int | None": int,
+    "tuple[int, ...] | None": _parse_layers,
+    "tuple[str, ...]": _parse_names,
+    "tuple[str, ...] | None": _parse_names,
+}
 
 
 def _add_gate_options(parser: argparse.ArgumentParser) -> None:

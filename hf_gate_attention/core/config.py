@@ -7,6 +7,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from .families import ATTENTION_KINDS
 from .variants import GATE_VARIANTS, GateVariant, names_where
 
 GRANULARITIES = ("headwise", "elementwise")
@@ -52,7 +53,18 @@ class GateConfig:
             or dropped whole, so that a dropped group's keys and values are never read (the decode win). With
             as many key/value heads as query heads both units are the same.
         layers (`tuple[int]`, *optional*):
-            Indices of the layers to gate; `None` gates every self-attention layer.
+            Indices of the layers to gate, counted in each stack of blocks (an encoder's and a decoder's
+            layers are both numbered from 0); `None` gates every layer.
+        attention (`tuple[str]`, *optional*, defaults to `("encoder", "decoder")`):
+            Which attention blocks get gates: `"encoder"` (bidirectional self-attention: BERT, ViT, the
+            encoder of an encoder-decoder), `"decoder"` (causal self-attention: decoders, the decoder of an
+            encoder-decoder), `"cross"` (a decoder's cross-attention to the encoder; its gate is computed from
+            the decoder's hidden state, so each decoder token decides how much it takes from the encoder).
+            The default gates every self-attention and no cross-attention.
+        parts (`tuple[str]`, *optional*):
+            Which parts of a composite model get gates, by module name (`"vision_tower"`,
+            `"language_model"`, `"encoder"`, `"text_model"`): a block is gated when one of these names is a
+            path segment of its module name. `None` (default) gates every part with a known layout.
     """
 
     # `metadata`: one line of help and the accepted values, from which the command line builds its options
@@ -92,6 +104,18 @@ class GateConfig:
         default=None, metadata={"help": "indices of the layers to gate, e.g. 0,1,5 (default: all)"}
     )
 
+    attention: tuple[str, ...] = field(
+        default=("encoder", "decoder"),
+        metadata={
+            "help": "which attention gets gates, e.g. encoder,decoder,cross (default: all self-attention)",
+            "each_of": ATTENTION_KINDS,
+        },
+    )
+    parts: tuple[str, ...] | None = field(
+        default=None,
+        metadata={"help": "which parts of a composite model, e.g. language_model (default: all)"},
+    )
+
     def __post_init__(self):
         for option in dataclasses.fields(self):
             if "choices" in option.metadata:
@@ -121,6 +145,22 @@ class GateConfig:
                     "list of layer indices >= 0"
                 )
             object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+        self._check_names("attention", ATTENTION_KINDS)
+        if self.parts is not None:
+            self._check_names("parts", None)
+
+    def _check_names(self, name: str, accepted) -> None:
+        """A non-empty list of names (of `accepted`, when given), stored as a sorted tuple."""
+        value = getattr(self, name)
+        names = tuple(value) if isinstance(value, list | tuple) else None
+        if not names or any(
+            not isinstance(n, str) or not n or (accepted and n not in accepted) for n in names
+        ):
+            what = f"names among {', '.join(accepted)}" if accepted else "module names"
+            raise ValueError(
+                f"GateConfig.{name}={value!r} is not valid; accepted values: a non-empty list of {what}"
+            )
+        object.__setattr__(self, name, tuple(sorted(set(names))))
 
     @property
     def gate_variant(self) -> GateVariant:
@@ -139,7 +179,8 @@ class GateConfig:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
-        data["layers"] = list(self.layers) if self.layers is not None else None
+        for name in ("layers", "attention", "parts"):
+            data[name] = list(data[name]) if data[name] is not None else None
         return data
 
     @classmethod

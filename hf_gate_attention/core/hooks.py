@@ -13,19 +13,26 @@ into saved checkpoints as the code that `trust_remote_code=True` runs (see `shar
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
 from torch import nn
 
 from .config import GateConfig
-from .families import AttentionFamily
+from .families import (
+    QKV_ROLES,
+    AttentionBlock,
+    AttentionFamily,
+    find_attention,
+    registered_family,
+    unrecognised_attention,
+)
 from .gate import AttentionGate, apply_gate
 
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
 PATCHES_ATTRIBUTE = "_gate_attention_patches"
-QKV_ROLES = ("query", "key", "value")  # also the layout of a fused qkv projection's output
 
 # set on every module inside a block whose gate is applied by the attention function (the fused Triton
 # attention, or the sparse top-k attention): its block patch. The attention function gets the module that
@@ -43,14 +50,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     """The transformers model inside a PEFT wrapper (or the model itself)."""
     get_base_model = getattr(model, "get_base_model", None)
     return get_base_model() if callable(get_base_model) else model
-
-
-def _linear_features(module: nn.Module) -> tuple[int, int]:
-    """`(in_features, out_features)` of a Linear, also when wrapped by PEFT."""
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    if not isinstance(base, nn.Linear):
-        raise TypeError(f"expected a Linear projection, found {type(base).__name__}")
-    return base.in_features, base.out_features
 
 
 class _BlockPatch:
@@ -74,6 +73,7 @@ class _BlockPatch:
         self.gate_multiply = gate_multiply  # the backend's fused gate pass, or None (torch's `apply_gate`)
         self.gate_in_attention = gate_in_attention
         self.sparse = sparse  # patch(sparse=...): how top_k runs, for attention functions deciding per call
+        self.head_dim, self.num_kv_heads = geometry["head_dim"], geometry["num_kv_heads"]
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
         self.stash: dict[str, torch.Tensor] = {}
@@ -91,7 +91,8 @@ class _BlockPatch:
         """Projection path -> the roles it plays (a fused qkv projection plays three)."""
         roles: dict[str, set[str]] = {}
         for role in QKV_ROLES:
-            roles.setdefault(getattr(self.family, role), set()).add(role)
+            if getattr(self.family, role) is not None:
+                roles.setdefault(getattr(self.family, role), set()).add(role)
         if self.gate_variant.gates_attention_output:
             roles.setdefault(self.family.output, set()).add("output")
         return {path: frozenset(names) for path, names in roles.items()}
@@ -102,7 +103,9 @@ class _BlockPatch:
         Runs before every forward of the block: the paths are walked through `_modules` directly, since
         `get_submodule` costs a third of the hooks' host time in a decode step. Refuses a block that is not
         this patch's own but shares its hooks: a `torch.nn.DataParallel` replica, whose threads would share
-        one stash (and re-register hooks in the original's hook dicts)."""
+        one stash (and re-register hooks in the original's hook dicts). Empties the stash: a projection
+        called again within the forward (DeBERTa's query projection also maps the relative position
+        embeddings) keeps what its first call of this forward stashed."""
         if block is not self.block:
             raise RuntimeError(
                 "gated attention: this block is a replica sharing the original's hooks, as "
@@ -110,6 +113,7 @@ class _BlockPatch:
                 "GPUs without a distributed launch); not supported: launch with torchrun or `accelerate "
                 "launch` (DistributedDataParallel), or make one GPU visible (CUDA_VISIBLE_DEVICES)"
             )
+        self.stash.clear()
         for path, roles in self.roles.items():
             module = block
             for name in self.path_parts[path]:
@@ -119,7 +123,7 @@ class _BlockPatch:
                 continue
             self._remove(path)
             handles = []
-            hook = self._projection_hook(roles)
+            hook = self._projection_hook(path, roles)
             if hook is not None:
                 handles.append(module.register_forward_hook(hook))
             if "output" in roles:
@@ -153,7 +157,7 @@ class _BlockPatch:
         this runs per layer and token."""
         return self.block._modules[GATE_MODULE_NAME]
 
-    def _projection_hook(self, roles: frozenset[str]):
+    def _projection_hook(self, path: str, roles: frozenset[str]):
         """The forward hook of a projection with these roles, or `None` if it has nothing to do: it keeps
         the gate inputs read from it (`x`: its input; else its output's part of that role) and gates the part
         of its output that the variant gates (`GateVariant.gates`, e.g. the values). Bound methods, not
@@ -169,28 +173,40 @@ class _BlockPatch:
             return None
         if gated is None and all(name == "x" for name, _ in reads):
             return self._keep_input
-        return partial(self._keep_inputs_and_gate, reads, gated)
+        return partial(self._keep_inputs_and_gate, reads, gated, self.family.roles_of(path))
 
     def _keep_input(self, module, args, output):
-        self.stash["x"] = args[0]
+        self.stash.setdefault("x", args[0])
 
-    def _keep_inputs_and_gate(self, reads, gated, module, args, output):
-        parts = self._split(output)
+    def _keep_inputs_and_gate(self, reads, gated, roles, module, args, output):
+        parts = self.split(output, roles)
         for name, role in reads:
-            self.stash[name] = args[0] if name == "x" else parts[role]
+            self.stash.setdefault(name, args[0] if name == "x" else parts[role])
         if gated is None:
             return None
-        gated_part = self._apply(parts[gated], self._take_inputs())
-        if not self.family.fused_qkv:
-            return gated_part
-        return torch.cat([gated_part if role == gated else parts[role] for role in QKV_ROLES], dim=-1)
+        parts[gated] = self._apply(parts[gated], self._take_inputs())
+        return self._join(parts, roles)
 
-    def _split(self, output: torch.Tensor) -> dict[str, torch.Tensor]:
-        """A projection's output by role (fused qkv: `(..., q_size + 2 * kv_size)` laid out `[q, k, v]`)."""
-        if not self.family.fused_qkv:
-            return {"query": output, "key": output, "value": output}
-        split = output.split([self.q_size, self.kv_size, self.kv_size], -1)
-        return dict(zip(QKV_ROLES, split, strict=True))
+    def split(self, output: torch.Tensor, roles: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The output of a projection playing `roles` (`QKV_ROLES` order), by role: `(..., width)` ->
+        `(..., q_size)` for the queries, `(..., kv_size)` for keys and values, as the family lays them out."""
+        if len(roles) == 1:
+            return {roles[0]: output}
+        if self.family.qkv_layout == "grouped":  # per group: its query heads, one key head, one value head
+            groups = output.unflatten(-1, (self.num_kv_heads, -1, self.head_dim))  # (..., KV, H/KV + 2, D)
+            split = groups.split([groups.shape[-2] - 2, 1, 1], dim=-2)
+            return {role: part.flatten(-3) for role, part in zip(QKV_ROLES, split, strict=True)}
+        sizes = [self.q_size if role == "query" else self.kv_size for role in roles]
+        return dict(zip(roles, output.split(sizes, -1), strict=True))
+
+    def _join(self, parts: dict[str, torch.Tensor], roles: tuple[str, ...]) -> torch.Tensor:
+        """The inverse of `split`."""
+        if len(roles) == 1:
+            return parts[roles[0]]
+        if self.family.qkv_layout == "grouped":
+            grouped = [parts[role].unflatten(-1, (self.num_kv_heads, -1, self.head_dim)) for role in roles]
+            return torch.cat(grouped, dim=-2).flatten(-3)  # (..., KV * (H/KV + 2) * D)
+        return torch.cat([parts[role] for role in roles], dim=-1)
 
     def _take_inputs(self) -> dict[str, torch.Tensor]:
         """The stashed gate inputs of this forward (`GateVariant.inputs`); or the gate `logits`, when the
@@ -237,55 +253,136 @@ class _BlockPatch:
         return (self._apply(args[0], self._take_inputs()), *args[1:])
 
 
-def _geometry(model_config, family: AttentionFamily, block: nn.Module) -> dict:
-    num_heads = getattr(model_config, family.num_heads_attr)
-    num_kv_heads = getattr(model_config, family.num_kv_heads_attr, None) or num_heads
-    hidden_size, _ = _linear_features(block.get_submodule(family.query))
-    attn_width, _ = _linear_features(block.get_submodule(family.output))
-    if attn_width % num_heads or num_heads % num_kv_heads:
-        raise ValueError(
-            f"inconsistent attention geometry: output projection width {attn_width}, {num_heads} heads, "
-            f"{num_kv_heads} key/value heads"
-        )
-    return {
-        "hidden_size": hidden_size,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "head_dim": attn_width // num_heads,
-    }
+def _in_parts(name: str, parts) -> bool:
+    return parts is None or any(f".{part}." in f".{name}." for part in parts)
 
 
-def find_attention_blocks(model: nn.Module, family: AttentionFamily) -> dict[int, nn.Module]:
-    """Layer index -> self-attention block, for every block the family's pattern matches."""
-    blocks = {}
-    for name, module in unwrap_model(model).named_modules():
-        index = family.match_block(name)
-        if index is not None:
-            blocks[index] = module
-    return blocks
+def _no_blocks_message(model: nn.Module, family: AttentionFamily | None) -> str:
+    model_type = getattr(model.config, "model_type", "?")
+    looked_for = (
+        f"modules matching the registered block pattern {family.block!r}"
+        if family
+        else "attention blocks whose projections follow a known layout (hf_gate_attention.core.families."
+        "LAYOUTS: q/k/v/o projections such as q_proj/k_proj/v_proj/o_proj, query/key/value + output.dense, "
+        "fused qkv_proj, Wqkv, c_attn, query_key_value)"
+    )
+    seen = unrecognised_attention(model, []) or ["no module whose class name ends in 'Attention'"]
+    return (
+        f"model type {model_type!r} ({type(model).__name__}): found no attention block to gate. Looked for "
+        f"{looked_for}; found: {'; '.join(seen[:4])}. Describe its layout with "
+        "hf_gate_attention.register_family(model_type, AttentionFamily(block=..., query=..., key=..., "
+        "value=..., output=...))"
+    )
 
 
-def attention_layout(model: nn.Module, config: GateConfig, family: AttentionFamily) -> dict:
-    """Layer index -> `(block, geometry)` for the layers `config` gates; `ValueError` if they don't exist."""
+def attention_layout(model: nn.Module, config: GateConfig, family: AttentionFamily | None = None) -> list:
+    """The attention blocks `config` gates (`AttentionBlock`s, module order), found by the structural search
+    (or by `family`, or the family registered for the model type); `ValueError` naming what is wrong when the
+    model has none, or `config` asks for attention kinds, parts or layers it does not have."""
     base = unwrap_model(model)
-    blocks = find_attention_blocks(base, family)
-    if not blocks:
+    family = family or registered_family(getattr(base.config, "model_type", None))
+    found = find_attention(base, family)
+    if not found:
+        raise ValueError(_no_blocks_message(base, family))
+    model_name = f"{type(base).__name__} (model type {base.config.model_type!r})"
+    if config.parts is not None:
+        missing = [part for part in config.parts if not any(_in_parts(b.name, (part,)) for b in found)]
+        if missing:
+            stacks = sorted({b.stack for b in found})
+            raise ValueError(
+                f"GateConfig.parts {missing} name no part of {model_name} holding attention; its attention "
+                f"blocks are {', '.join(stacks)} (a part is a segment of these names)"
+            )
+    in_parts = [b for b in found if _in_parts(b.name, config.parts)]
+    kinds = {b.kind for b in in_parts}
+    # the default (every self-attention) fits any model; asking for cross-attention, or only for a kind the
+    # model lacks, is an error
+    missing = [kind for kind in config.attention if kind not in kinds]
+    if "cross" in missing or not kinds & set(config.attention):
         raise ValueError(
-            f"no self-attention block matching {family.block!r} found in {type(base).__name__}; "
-            "its layout differs from the registered AttentionFamily"
+            f"GateConfig.attention asks for {', '.join(missing)} attention, which {model_name} does not have "
+            f"(in the parts chosen); it has: {', '.join(sorted(kinds))}"
         )
-    layers = sorted(blocks) if config.layers is None else list(config.layers)
-    missing = sorted(set(layers) - set(blocks))
-    if missing:
-        raise ValueError(f"GateConfig.layers {missing} not found; this model has layers 0..{max(blocks)}")
-    return {index: (blocks[index], _geometry(base.config, family, blocks[index])) for index in layers}
+    chosen = [b for b in in_parts if b.kind in config.attention]
+    if config.layers is not None:
+        missing = sorted(set(config.layers) - {b.index for b in chosen})
+        if missing:
+            last = max(b.index for b in chosen)
+            raise ValueError(f"GateConfig.layers {missing} not found; this model has layers 0..{last}")
+        chosen = [b for b in chosen if b.index in config.layers]
+    if "cross" in config.attention and not config.gate_variant.reads_only_hidden_state:
+        raise ValueError(
+            f"GateConfig.variant={config.variant!r} reads the query and key of the same position, which "
+            "cross-attention does not have (its keys are the encoder's); gate cross-attention with variant "
+            "'output' or 'value'"
+        )
+    for block in chosen:
+        family = block.family
+        if family.variants is not None and config.variant not in family.variants:
+            raise ValueError(
+                f"GateConfig.variant={config.variant!r} cannot gate {block.name} "
+                f"({type(block.module).__name__}): {family.limits}; it serves {', '.join(family.variants)}"
+            )
+    unknown = unrecognised_attention(base, found)
+    unknown = [name for name in unknown if _in_parts(name, config.parts)]
+    if unknown:
+        warnings.warn(
+            f"gated attention: {len(unknown)} module(s) of {model_name} look like attention but follow no "
+            f"known layout and get no gate: {', '.join(unknown[:4])}. Describe them with register_family, or "
+            "leave their part out with GateConfig.parts",
+            stacklevel=3,
+        )
+    return chosen
+
+
+def blocks_by_layer(model: nn.Module) -> dict[int, nn.Module]:
+    """Layer index -> self-attention block of a model with one stack of them (a decoder, an encoder), gated or
+    not; `ValueError` for a model with several (an encoder-decoder, a composite model)."""
+    base = unwrap_model(model)
+    family = registered_family(getattr(base.config, "model_type", None))
+    blocks = [block for block in find_attention(base, family) if block.kind != "cross"]
+    if not blocks:
+        raise ValueError(_no_blocks_message(base, family))
+    stacks = sorted({block.stack for block in blocks})
+    if len(stacks) > 1:
+        raise ValueError(
+            f"{type(base).__name__} has several stacks of self-attention blocks ({', '.join(stacks)}); this "
+            "needs a model with one (a decoder or an encoder)"
+        )
+    return {block.index: block.module for block in blocks}
+
+
+def gate_dtype(block: AttentionBlock, model: nn.Module) -> torch.dtype:
+    """The gate's dtype: its query projection's, or, where that weight is quantized (bitsandbytes 4/8-bit),
+    the model's float dtype, that of the hidden states entering the block: gates are never quantized."""
+    query = block.module.get_submodule(block.family.query)
+    base = query.get_base_layer() if hasattr(query, "get_base_layer") else query
+    if base.weight.dtype.is_floating_point:
+        return base.weight.dtype
+    dtype = getattr(model, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def gate_device(block: AttentionBlock) -> torch.device:
+    """The gate's device: its query projection's; where accelerate offloaded that weight (`device_map` with
+    "cpu" or "disk": the meta device until the forward), the device accelerate runs the block on. (A model
+    being built on the meta device, as `from_pretrained` builds the `trust_remote_code` class, gets its gates
+    there too: they are loaded with its weights.)"""
+    query = block.module.get_submodule(block.family.query)
+    if query.weight.device.type == "meta":
+        for module in (query, block.module):
+            hook = getattr(module, "_hf_hook", None)
+            for part in getattr(hook, "hooks", (hook,)):
+                device = getattr(part, "execution_device", None)
+                if device is not None:
+                    return torch.device(device)
+    return query.weight.device
 
 
 def add_gates(
     model: nn.Module,
     config: GateConfig,
-    family: AttentionFamily,
-    layout: dict,
+    layout: list[AttentionBlock],
     gate_multiply=None,
     gate_in_attention: bool = False,
     sparse: bool | None = None,
@@ -299,14 +396,14 @@ def add_gates(
     """
     base = unwrap_model(model)
     patches = []
-    for block, geometry in layout.values():
-        query_weight = block.get_submodule(family.query).weight
+    for found in layout:
+        block, family, geometry = found.module, found.family, found.geometry
         gate = AttentionGate(
             config,
             **geometry,
-            init_std=getattr(base.config, "initializer_range", 0.02),
-            dtype=query_weight.dtype,
-            device=query_weight.device,
+            init_std=getattr(found.part_config, "initializer_range", 0.02),
+            dtype=gate_dtype(found, base),
+            device=gate_device(found),
         )
         block.add_module(GATE_MODULE_NAME, gate)
         patches.append(_BlockPatch(block, family, config, geometry, gate_multiply, gate_in_attention, sparse))

@@ -13,9 +13,10 @@ from types import MethodType
 
 from torch import nn
 
+from . import sparse as sparse_module
 from .backends import backend_named, check_backend_name, resolve_backend
 from .config import GateConfig
-from .families import family_for
+from .families import uses_attention_interface
 from .gate import AttentionGate
 from .hooks import (
     CONFIG_ATTRIBUTE,
@@ -23,6 +24,7 @@ from .hooks import (
     PATCHES_ATTRIBUTE,
     add_gates,
     attention_layout,
+    gate_dtype,
     unwrap_model,
 )
 
@@ -81,19 +83,31 @@ def patch(
     base = unwrap_model(model)
     if is_patched(base):
         raise ValueError("this model is already patched with gated attention; call unpatch(model) first")
-    family = family_for(base.config.model_type)
-    layout = attention_layout(base, config, family)
-    first_block, first_geometry = next(iter(layout.values()))
-    query_weight = first_block.get_submodule(family.query).weight
-    runner = resolve_backend(backend, config, base.config, first_geometry["head_dim"], query_weight)
+    layout = attention_layout(base, config)
+    first = layout[0]
+    query_weight = first.module.get_submodule(first.family.query).weight
+    if not query_weight.dtype.is_floating_point:  # quantized: the backends see the dtype the gates compute in
+        query_weight = query_weight.new_empty(0, dtype=gate_dtype(first, base))
+    no_attention_function = _attention_function_unavailable(base, layout)
+    if no_attention_function and backend == "auto" and config.top_k is not None:
+        backend = "torch"  # top_k's Triton kernels and sparse paths are attention functions
+    runner = resolve_backend(backend, config, base.config, first.geometry["head_dim"], query_weight)
     attention = runner.attention(config, base.config, sparse, query_weight) if runner.attention else None
-    add_gates(base, config, family, layout, runner.gate_multiply, attention is not None, sparse)
+    if attention is not None and no_attention_function:
+        if attention is not sparse_module or sparse or config.dropped_reads_keys:
+            raise ValueError(
+                f"backend={runner.name!r} with this GateConfig applies the gate inside the attention "
+                f"function, which cannot serve this model: {no_attention_function}. Use backend='torch' "
+                "with dense gates, or with top_k, sparse=None and no top_k_sink/top_k_window (masked)"
+            )
+        attention = None  # sparse=None: the masked reference (the hooks apply gate * keep)
+    add_gates(base, config, layout, runner.gate_multiply, attention is not None, sparse)
     setattr(base, _BACKEND_ATTRIBUTE, runner.name)
     for name, method in _INSTANCE_METHODS.items():
         setattr(base, name, MethodType(method, base))
     for block_patch in getattr(base, PATCHES_ATTRIBUTE):
         if runner.prepare_block is not None:
-            runner.prepare_block(block_patch, family)
+            runner.prepare_block(block_patch, block_patch.family)
         if hasattr(attention, "prepare_block"):
             attention.prepare_block(block_patch)
     if attention is not None:
@@ -104,6 +118,24 @@ def patch(
     if train_gates_only:
         freeze_all_but_gates(model)
     return model
+
+
+def _attention_function_unavailable(model: nn.Module, layout: list) -> str | None:
+    """Why an attention function that applies the gate (sparse top-k, sink/window reads, the Triton
+    attention) cannot serve these blocks, or `None`: it replaces the model's attention implementation, so
+    every gated block must be self-attention that calls transformers' attention interface with a mask alone
+    (no relative position bias), under the model's own config (not a part with a config of its own)."""
+    for block in layout:
+        name = f"{block.name} ({type(block.module).__name__})"
+        if block.kind == "cross":
+            return f"{name} is cross-attention"
+        if block.part_config is not model.config:
+            return f"{name} belongs to a part with a config of its own (a composite model, T5's stacks)"
+        if not uses_attention_interface(block.module):
+            return f"{name} computes attention without transformers' attention interface"
+        if any("relative" in key for key, _ in block.module.named_parameters()):
+            return f"{name} adds a relative position bias to its attention scores"
+    return None
 
 
 def unpatch(model: nn.Module) -> nn.Module:

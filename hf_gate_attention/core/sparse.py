@@ -113,6 +113,17 @@ def sparse_attention_forward(
     heads_per_group = num_heads // num_groups
     causal = is_causal(module, kwargs, query_length)
     gate_module = block_patch.gate()
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] != 1:
+        # a mask per head (Swin's relative position bias): nothing is gathered, every head attends
+        if gate_module.dropped_reads_keys:
+            raise ValueError(
+                f"top_k_sink/top_k_window: {type(module).__name__} passes a different mask to each head, "
+                "which the sink and window reads do not take; use top_k without them"
+            )
+        attended, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )  # (B, L, H, D)
+        return _gated(attended, keep, None, gate)
     one_token = batch * query_length == 1 and not kwargs.get("output_attentions")
     streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
     reads = None  # or what every head gives reading only those keys, (B, L, H, D)
@@ -302,7 +313,8 @@ def prepare_block(block_patch) -> None:
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
     replacements = {family.output: (_partial_output, head_dim)}
-    if block_patch.gate_variant.reads_query_input and not family.fused_qkv and not gate.dropped_reads_keys:
+    per_head_query = family.key is not None and not family.fused_qkv  # (not a latent's first projection)
+    if block_patch.gate_variant.reads_query_input and per_head_query and not gate.dropped_reads_keys:
         replacements[family.query] = (_partial_query, num_heads, head_dim)
     for path, (forward, *sizes) in replacements.items():
         module = block.get_submodule(path)

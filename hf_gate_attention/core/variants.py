@@ -102,6 +102,12 @@ class GateVariant:
         return self.gates in ("key", "value")
 
     @property
+    def reads_only_hidden_state(self) -> bool:
+        """Whether the gate reads only projection inputs (`x`), never a query or key: then it can gate
+        cross-attention, whose keys belong to other positions than its queries."""
+        return all(name == "x" for name, _ in self.inputs)
+
+    @property
     def reads_query_input(self) -> bool:
         """Whether the gate reads only the query projection's input (then the query GEMM can compute it)."""
         return self.inputs == (("x", "query"),)

@@ -17,8 +17,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
-from ..core.families import family_for
-from ..core.hooks import GATE_MODULE_NAME, PATCHES_ATTRIBUTE, find_attention_blocks, unwrap_model
+from ..core.hooks import GATE_MODULE_NAME, PATCHES_ATTRIBUTE, blocks_by_layer, unwrap_model
 from ..core.patching import gate_backend_of, is_patched
 
 PROBE_PREFIX = "hf_gate_attention_probe_"
@@ -223,13 +222,13 @@ class _GateProbe:
             paths.setdefault(getattr(family, role), []).append((name, role))
         block = self.block_patch.block
         return [
-            block.get_submodule(path).register_forward_hook(self._hook(wanted))
+            block.get_submodule(path).register_forward_hook(self._hook(wanted, family.roles_of(path)))
             for path, wanted in paths.items()
         ]
 
-    def _hook(self, wanted: list):
+    def _hook(self, wanted: list, roles: tuple[str, ...]):
         def hook(module, args, output):
-            parts = self.block_patch._split(output)
+            parts = self.block_patch.split(output, roles)
             self.inputs.update({name: args[0] if name == "x" else parts[role] for name, role in wanted})
             if len(self.inputs) == len(self.gate.gate_variant.inputs):
                 gate = self.gate._sigmoid(self.gate.logits(**self.inputs))  # (1, L, G, w)
@@ -283,10 +282,7 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
     ungated model) and `summary` (the scalars of `summarize`).
     """
     base = unwrap_model(model)
-    family = family_for(base.config.model_type)
-    blocks = find_attention_blocks(base, family)
-    if not blocks:
-        raise ValueError(f"no self-attention block matching {family.block!r} in {type(base).__name__}")
+    blocks = blocks_by_layer(base)
     if sorted(blocks) != list(range(len(blocks))):
         raise ValueError(f"attention blocks {sorted(blocks)} are not numbered 0..{len(blocks) - 1}")
     recorder = _Recorder(len(blocks), skip_queries)

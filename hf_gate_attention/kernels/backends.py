@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 from torch import nn
@@ -291,11 +292,21 @@ def _fused_attention(config: GateConfig, model_config, sparse: bool | None, weig
 
 
 def _merge(block_patch, family) -> None:
-    """The output gate's logits from the query GEMM, where the layout allows it (`query_gate.py`)."""
-    if not block_patch.gate_variant.reads_query_input or family.fused_qkv:
+    """The output gate's logits from the query GEMM, where the layout allows it (`query_gate.py`): a query
+    projection of its own, not quantized (bitsandbytes: the gate runs its own GEMM, as on `torch`)."""
+    if not block_patch.gate_variant.reads_query_input or len(family.roles_of(family.query)) > 1:
         return
     query = block_patch.block.get_submodule(family.query)
     base = query.get_base_layer() if hasattr(query, "get_base_layer") else query
+    if base.weight.device.type == "meta":  # offloaded by accelerate: its weights arrive per forward
+        return
+    if not base.weight.dtype.is_floating_point:
+        warnings.warn(
+            f"fused_gate: the query projection of {type(block_patch.block).__name__} is quantized "
+            f"({type(base).__name__}); its gate logits come from a GEMM of their own, not merged into it",
+            stacklevel=4,
+        )
+        return
     merge_query_gate(base, getattr(block_patch.block, GATE_MODULE_NAME), block_patch)
 
 

@@ -103,14 +103,13 @@ class _MergedForward:
             if self._shares_buffer():
                 n_q = query.out_features
                 y = F.linear(x, self.weight, self.bias)  # (..., n_q + n_g)
-                self.block_patch.stash["logits"] = y[..., n_q:].unflatten(
-                    -1, (gate.num_gated_heads, gate.width)
-                )
+                logits = y[..., n_q:].unflatten(-1, (gate.num_gated_heads, gate.width))
+                self.block_patch.stash.setdefault("logits", logits)  # the forward's first call wins
                 return y[..., :n_q]
             self.weight = self.bias = (
                 None  # the parameters have storage of their own now, for good: let it go
             )
-        self.block_patch.stash["x"] = x
+        self.block_patch.stash.setdefault("x", x)
         return F.linear(x, query.weight, query.bias)
 
     def _shares_buffer(self) -> bool:

@@ -30,7 +30,6 @@ from torch import nn
 from transformers.utils import cached_file
 
 from ..core.config import GateConfig
-from ..core.families import family_for
 from ..core.hooks import GATE_MODULE_NAME, unwrap_model
 from ..core.patching import gate_config_of, is_patched, patch
 from ..files import atomic_write_folder
@@ -50,13 +49,12 @@ DEFAULT_COMMIT_MESSAGE = "Upload gate adapter (hf-gate-attention)"
 
 def base_fingerprint(model_config) -> dict:
     """What an adapter must match in its base model's config: model type and attention geometry."""
-    family = family_for(model_config.model_type)
-    num_heads = getattr(model_config, family.num_heads_attr, None)
+    num_heads = getattr(model_config, "num_attention_heads", None)
     return {
         "model_type": model_config.model_type,
         "hidden_size": getattr(model_config, "hidden_size", None),
         "num_attention_heads": num_heads,
-        "num_key_value_heads": getattr(model_config, family.num_kv_heads_attr, None) or num_heads,
+        "num_key_value_heads": getattr(model_config, "num_key_value_heads", None) or num_heads,
         "num_hidden_layers": getattr(model_config, "num_hidden_layers", None),
     }
 

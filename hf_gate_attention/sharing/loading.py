@@ -5,7 +5,6 @@ from __future__ import annotations
 import transformers
 
 from ..core.config import GateConfig
-from ..core.families import family_for
 from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.patching import patch
 from .layouts.paper import is_paper_config, load_paper_checkpoint
@@ -67,38 +66,68 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
     return getattr(transformers, name, transformers.AutoModel).from_pretrained(path, **kwargs)
 
 
+def _natural(prefix: str) -> tuple:
+    """Sort key of a module name with its numbers compared as numbers (`layers.2` before `layers.10`)."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in prefix.split("."))
+
+
+def _same_block(a: str, b: str) -> bool:
+    """Whether two names of a block can be the in-memory and the saved name of one block: same numbers and
+    same last name (transformers saves some modules under legacy names: ViT's `layers.N.attention` as
+    `encoder.layer.N.attention`)."""
+    numbers = [[part for part in name.split(".") if part.isdigit()] for name in (a, b)]
+    return numbers[0] == numbers[1] and a.rsplit(".", 1)[-1] == b.rsplit(".", 1)[-1]
+
+
+def _paired_blocks(expected: list[str], saved: list[str]) -> dict[str, str] | None:
+    """In-memory block name -> saved block name: the same names, or else the two lists in natural order
+    paired one to one when every pair is `_same_block`; `None` when they cannot be paired."""
+    if set(expected) == set(saved):
+        return {name: name for name in expected}
+    pairs = list(zip(sorted(expected, key=_natural), sorted(saved, key=_natural), strict=False))
+    if len(expected) != len(saved) or not all(_same_block(a, b) for a, b in pairs):
+        return None
+    return dict(pairs)
+
+
 def load_gate_tensors(model, saved: dict, path: str) -> None:
-    """Copy saved gate tensors into a patched model, matched by (layer index, tensor name).
+    """Copy saved gate tensors into a patched model, matched by block and tensor name.
 
-    Keys are matched through the family's block pattern rather than verbatim, because transformers may save
-    legacy key names (e.g. ViT's `encoder.layer.N`) for modules it names differently in memory (`layers.N`).
+    Blocks are matched by name, or else in natural order with the same layer numbers (`_paired_blocks`),
+    because transformers may save legacy key names (e.g. ViT's `encoder.layer.N`) for modules it names
+    differently in memory (`layers.N`).
     """
-    family = family_for(model.config.model_type)
+    marker = f".{GATE_MODULE_NAME}."
 
-    def by_layer(keys) -> dict:
-        table = {}
+    def by_block(keys) -> dict[str, dict[str, str]]:
+        table: dict[str, dict[str, str]] = {}
         for key in keys:
-            prefix, name = key.split(f".{GATE_MODULE_NAME}.")
-            table[(family.match_block(prefix), name)] = key
+            prefix, name = key.split(marker)
+            table.setdefault(prefix, {})[name] = key
         return table
 
-    expected = by_layer(k for k in model.state_dict() if f".{GATE_MODULE_NAME}." in k)
-    found = by_layer(saved)
-    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected), key=str)
-    if missing or extra:
+    expected = by_block(k for k in model.state_dict() if marker in k)
+    found = by_block(saved)
+    pairs = _paired_blocks(list(expected), list(found))
+    if pairs is None or any(set(expected[a]) != set(found[b]) for a, b in pairs.items()):
+        missing = sorted(set(expected) - set(found), key=_natural)
+        extra = sorted(set(found) - set(expected), key=_natural)
         raise ValueError(
-            f"gate weights of {path} do not match the model: (layer, tensor) missing {missing[:3]}, "
-            f"unexpected {extra[:3]}"
+            f"gate weights of {path} do not match the model: blocks missing {missing[:3]}, unexpected "
+            f"{extra[:3]} ({len(found)} gated blocks saved, {len(expected)} in the model)"
         )
     state = model.state_dict()
-    for slot, key in expected.items():
-        tensor = saved[found[slot]]
-        if tensor.shape != state[key].shape:
-            raise ValueError(
-                f"gate weight {key} has shape {tuple(tensor.shape)} in {path} but the model expects "
-                f"{tuple(state[key].shape)}"
-            )
-    model.load_state_dict({key: saved[found[slot]] for slot, key in expected.items()}, strict=False)
+    tensors = {}
+    for block, saved_block in pairs.items():
+        for name, key in expected[block].items():
+            tensor = saved[found[saved_block][name]]
+            if tensor.shape != state[key].shape:
+                raise ValueError(
+                    f"gate weight {key} has shape {tuple(tensor.shape)} in {path} but the model expects "
+                    f"{tuple(state[key].shape)}"
+                )
+            tensors[key] = tensor
+    model.load_state_dict(tensors, strict=False)
 
 
 class _AutoGated:

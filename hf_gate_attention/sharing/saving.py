@@ -18,7 +18,7 @@ import transformers
 from torch import nn
 from transformers.models.auto import modeling_auto
 
-from ..core.families import AttentionFamily, family_for
+from ..core.families import AttentionFamily, registered_family
 from ..core.hooks import unwrap_model
 from ..files import atomic_write_text
 from ..version import __version__
@@ -45,6 +45,7 @@ from .gated_attention_families import AttentionFamily
 from .gated_attention_hooks import add_gates, attention_layout
 from .gated_attention_streaming import ATTN_IMPLEMENTATION, register_attention_implementation
 
+# a family registered by hand for this model type when it was saved; None: the structural search
 FAMILY = {family!r}
 
 
@@ -52,7 +53,7 @@ def _add_gates(model):
     config = GateConfig.from_saved(model.config.gate_attention)
     # dropped units that read sink and window keys need the attention function that applies the gate
     in_attention = config.dropped_reads_keys
-    add_gates(model, config, FAMILY, attention_layout(model, config, FAMILY), gate_in_attention=in_attention)
+    add_gates(model, config, attention_layout(model, config, FAMILY), gate_in_attention=in_attention)
     if in_attention:
         register_attention_implementation()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
@@ -111,6 +112,8 @@ def remote_classes(model: nn.Module) -> dict[str, str]:
         return {}
     classes = {}
     for class_name in (cls.__name__, modeling_auto.MODEL_MAPPING_NAMES.get(model_type)):
+        if not isinstance(class_name, str):  # no base model class (VisionEncoderDecoder), or several
+            continue
         for auto_name in auto_classes(model_type, class_name):
             classes.setdefault(auto_name, class_name)
     return classes
@@ -126,7 +129,7 @@ def runtime_files() -> dict[str, str]:
     return files
 
 
-def entry_file(family: AttentionFamily, classes: dict[str, str]) -> str:
+def entry_file(family: AttentionFamily | None, classes: dict[str, str]) -> str:
     """Source of `modeling_gated_attention.py`: a gated subclass of each transformers class in `classes`."""
     first_auto, first_class = next(iter(classes.items()))
     source = ENTRY_TEMPLATE.format(
@@ -182,7 +185,7 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
             base.config.auto_map = previous
     if classes and kwargs.get("is_main_process", True):
         folder = Path(save_directory)
-        family = family_for(base.config.model_type)
+        family = registered_family(base.config.model_type)
         files = {f"{ENTRY_MODULE}.py": entry_file(family, classes), **runtime_files()}
         for name, text in files.items():
             atomic_write_text(folder / name, text)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from helpers import GRANULARITIES, TINY_MODELS, VARIANTS, first_output, tiny_inputs, tiny_model
+from model_zoo import zoo_inputs, zoo_model
+from supported_models import model_of_unknown_layout
 
 from hf_gate_attention import (
     AttentionFamily,
@@ -19,13 +20,13 @@ from hf_gate_attention import (
     supported_model_types,
     unpatch,
 )
-from hf_gate_attention.core.families import _FAMILIES
+from hf_gate_attention.core.families import _FAMILIES, find_attention
 
 FAMILIES = sorted(TINY_MODELS)
 
 
-def test_every_registered_family_has_a_tiny_model():
-    assert set(supported_model_types()) == set(TINY_MODELS)
+def test_the_tiny_models_are_tested_model_types():
+    assert set(TINY_MODELS) <= set(supported_model_types())
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
@@ -87,35 +88,39 @@ def test_double_patch_and_unpatch_errors():
         unpatch(model)
 
 
-def test_unsupported_model_lists_types_and_points_to_register_family():
-    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=99)
-    with pytest.raises(
-        ValueError, match=r"'gpt2' is not supported; supported: bert, dinov2.*register_family"
-    ):
-        patch(transformers.GPT2Model(config))
-
-
-def test_register_family_for_a_new_model_type(monkeypatch):
-    monkeypatch.setattr("hf_gate_attention.core.families._FAMILIES", dict(_FAMILIES))
-    with pytest.raises(ValueError, match="already registered"):
-        register_family("llama", _FAMILIES["llama"])
-    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    # GPT-2 fuses q, k, v in a Conv1D: not a Linear, so the patcher must refuse with a clear error
-    register_family(
-        "gpt2",
-        AttentionFamily(
-            block=r"h\.(\d+)\.attn",
-            query="c_attn",
-            key="c_attn",
-            value="c_attn",
-            output="c_proj",
-            num_heads_attr="n_head",
-        ),
-    )
-    assert "gpt2" in supported_model_types()
-    with pytest.raises(TypeError, match="expected a Linear projection, found Conv1D"):
+def test_a_model_without_a_known_layout_is_refused_with_what_was_found():
+    model = model_of_unknown_layout()
+    with pytest.raises(ValueError) as error:
         patch(model)
+    for part in ("model type 'llama'", "Looked for", "q_proj/k_proj/v_proj/o_proj", "(LlamaAttention)"):
+        assert part in str(error.value)
+    assert "register_family(model_type, AttentionFamily(block=" in str(error.value)
+    assert not is_patched(model)
+
+
+def test_a_registered_family_replaces_the_structural_search(monkeypatch):
+    monkeypatch.setattr("hf_gate_attention.core.families._FAMILIES", dict(_FAMILIES))
+    model = zoo_model("gpt2")
+    inputs = zoo_inputs("gpt2")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    with pytest.raises(ValueError, match="needs `block`"):
+        register_family(
+            "gpt2", AttentionFamily(query="c_attn", key="c_attn", value="c_attn", output="c_proj")
+        )
+    family = AttentionFamily(
+        block=r"h\.(1)\.attn", query="c_attn", key="c_attn", value="c_attn", output="c_proj"
+    )  # only layer 1
+    register_family("gpt2", family)
+    with pytest.raises(ValueError, match="already registered"):
+        register_family("gpt2", family)
+    assert "gpt2" in supported_model_types()
+    with pytest.warns(UserWarning, match=r"transformer.h.0.attn \(GPT2Attention\)"):  # not in the pattern
+        patch(model)
+    gated = sorted({k.rsplit(".attn_gate.", 1)[0] for k in model.state_dict() if ".attn_gate." in k})
+    assert gated == ["transformer.h.1.attn"]
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, expected)
 
 
 def test_family_needs_layer_group():
@@ -123,12 +128,74 @@ def test_family_needs_layer_group():
         AttentionFamily(block=r"layers\.\d+\.self_attn", query="q", key="k", value="v", output="o")
 
 
-def test_cross_attention_is_left_alone():
+def test_cross_attention_is_left_alone_by_default():
     model = tiny_model("bert", is_decoder=True, add_cross_attention=True)
     patch(model)
     gated = sorted({k.rsplit(".attn_gate.", 1)[0] for k in model.state_dict() if ".attn_gate." in k})
     assert gated == [f"bert.encoder.layer.{i}.attention" for i in range(2)]
     assert not any(isinstance(m, AttentionGate) for m in model.bert.encoder.layer[0].crossattention.modules())
+
+
+def _gated_blocks(model) -> list[str]:
+    return sorted({k.rsplit(".attn_gate.", 1)[0] for k in model.state_dict() if ".attn_gate." in k})
+
+
+@pytest.mark.parametrize(
+    ("attention", "layers", "expected"),
+    [
+        (("cross",), None, ["model.decoder.layers.0.encoder_attn", "model.decoder.layers.1.encoder_attn"]),
+        (("encoder",), [1], ["model.encoder.layers.1.self_attn"]),
+        (
+            ("decoder", "encoder"),
+            [0],
+            ["model.decoder.layers.0.self_attn", "model.encoder.layers.0.self_attn"],
+        ),
+    ],
+)
+def test_attention_kinds_and_layers_of_an_encoder_decoder(attention, layers, expected):
+    model = zoo_model("bart")
+    patch(model, attention=attention, layers=layers)
+    assert _gated_blocks(model) == expected
+
+
+def test_parts_of_a_composite_model():
+    model = zoo_model("llava")
+    patch(model, parts=["language_model"])
+    assert _gated_blocks(model) == [f"model.language_model.layers.{i}.self_attn" for i in range(2)]
+    blocks = {block.name: block.geometry for block in find_attention(model)}
+    # head counts from each part's own config: the CLIP tower has no grouped-query attention
+    assert blocks["model.language_model.layers.0.self_attn"]["num_kv_heads"] == 2
+    assert blocks["model.vision_tower.encoder.layers.0.self_attn"]["num_kv_heads"] == 4
+
+
+@pytest.mark.parametrize(
+    ("key", "overrides", "message"),
+    [
+        (
+            "llama",
+            {"attention": ["cross"]},
+            r"asks for cross attention, which LlamaForCausalLM .* it has: decoder",
+        ),
+        ("llama", {"attention": ["encoder"]}, r"asks for encoder attention, .* it has: decoder"),
+        ("bart", {"attention": ["cross"], "variant": "qk"}, r"variant='qk' reads the query and key"),
+        ("llava", {"parts": ["vision_model"]}, r"parts \['vision_model'\] name no part .*language_model"),
+        ("bart", {"layers": [2]}, r"layers \[2\] not found; this model has layers 0..1"),
+    ],
+)
+def test_asking_for_what_the_model_lacks_is_an_error_before_any_change(key, overrides, message):
+    model = zoo_model(key)
+    with pytest.raises(ValueError, match=message):
+        patch(model, **overrides)
+    assert not is_patched(model) and not _gated_blocks(model)
+
+
+@pytest.mark.parametrize("field", ["attention", "parts"])
+@pytest.mark.parametrize("value", [[], "encoder", [""], [3]])
+def test_bad_attention_and_parts_values(field, value):
+    with pytest.raises(ValueError, match=f"GateConfig.{field}=.* is not valid"):
+        GateConfig(**{field: value})
+    with pytest.raises(ValueError, match="among encoder, decoder, cross"):
+        GateConfig(attention=["self"])
 
 
 def test_top_k_zeroes_exactly_the_heads_outside_the_k_largest():
@@ -163,3 +230,23 @@ def test_gate_sigmoid_runs_in_float32_under_bf16():
     gate = model.model.layers[0].self_attn.attn_gate
     assert gate.weight.dtype == torch.bfloat16
     assert gate(x=torch.randn(2, 32, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("key", "overrides", "why"),
+    [
+        ("t5", {}, "belongs to a part with a config of its own"),
+        ("bart", {"attention": ["decoder", "cross"]}, "encoder_attn .* is cross-attention"),
+        ("deberta-v2", {}, "without transformers' attention interface"),
+    ],
+)
+def test_top_k_skipping_or_sink_reads_where_the_attention_cannot_take_them_are_refused(key, overrides, why):
+    """Sparse top-k and the sink/window reads run in an attention function; where the blocks do not call
+    one that can be replaced, `sparse=None` masks, `sparse=True` and sink/window reads are refused."""
+    patch(zoo_model(key), top_k=1, **overrides)  # sparse=None: the masked reference
+    for options in ({"sparse": True}, {"top_k_sink": 2}):
+        model = zoo_model(key)
+        sparse = options.pop("sparse", None)
+        with pytest.raises(ValueError, match=why):
+            patch(model, top_k=1, sparse=sparse, **overrides, **options)
+        assert not is_patched(model)

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 from helpers import GRANULARITIES, TINY_MODELS, VARIANTS, first_output, tiny_inputs, tiny_model
 
 from hf_gate_attention import GateConfig, gate_parameters, patch
-from hf_gate_attention.core.families import family_for
-from hf_gate_attention.core.hooks import find_attention_blocks
+from hf_gate_attention.core.families import find_attention
 
 
 def expected_gate_params(model, config: GateConfig) -> int:
@@ -117,8 +116,8 @@ def test_block_matches_reference(model_type, variant, granularity, top_k):
     if variant == "value" and top_k and model_type in ("llama", "phi3"):
         top_k = 1  # value gates act on the 2 key/value heads
     patch(model, variant=variant, granularity=granularity, init="paper", top_k=top_k)
-    family = family_for(model_type)
-    block = find_attention_blocks(model, family)[1]
+    found = find_attention(model)[1]
+    block, family = found.module, found.family
     causal = model_type in ("llama", "phi3")
     batch, length = 3, 13
     x = torch.randn(batch, length, model.config.hidden_size)

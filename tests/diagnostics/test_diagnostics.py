@@ -10,6 +10,8 @@ import pytest
 import torch
 import transformers
 from helpers import IMAGE_MODELS, TINY_MODELS, first_output, make_tiny_model, tiny_inputs, tiny_model
+from model_zoo import zoo_model
+from supported_models import model_of_unknown_layout
 
 from hf_gate_attention import GateConfig, patch
 from hf_gate_attention.cli import main as cli_main
@@ -233,9 +235,10 @@ def test_bad_inputs_and_models_get_clear_errors():
         ValueError, match=r"cannot probe attention implementation 'paged\|eager'; probed: eager"
     ):
         diagnose(paged, [_one(tiny_inputs("llama", batch=1))])
-    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
-    with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
-        diagnose(gpt2, [{"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]])}])
+    with pytest.raises(ValueError, match=r"model type 'llama' .*found no attention block"):
+        diagnose(model_of_unknown_layout(), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
+    with pytest.raises(ValueError, match="several stacks of self-attention blocks"):
+        diagnose(zoo_model("bart"), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
 
 
 def test_a_layer_whose_attention_bypasses_the_attention_interface_is_named():

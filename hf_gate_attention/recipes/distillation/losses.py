@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ...core.families import family_for
-from ...core.hooks import GATE_MODULE_NAME, find_attention_blocks, unwrap_model
+from ...core.hooks import GATE_MODULE_NAME, blocks_by_layer
 
 IGNORE_INDEX = -100
 
@@ -58,8 +57,7 @@ def gate_mse(
 
 def gate_modules(model: nn.Module) -> dict[int, nn.Module]:
     """Layer index -> `attn_gate` module of a patched model (the gated layers only)."""
-    base = unwrap_model(model)
-    blocks = find_attention_blocks(base, family_for(base.config.model_type))
+    blocks = blocks_by_layer(model)
     return {
         i: getattr(b, GATE_MODULE_NAME) for i, b in sorted(blocks.items()) if hasattr(b, GATE_MODULE_NAME)
     }

@@ -17,7 +17,7 @@ from transformers.utils import cached_file
 
 from ...core.config import GateConfig
 from ...core.families import DECODER
-from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, find_attention_blocks, unwrap_model
+from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, blocks_by_layer, unwrap_model
 from ...core.patching import gate_config_of, is_patched, patch
 from ...core.variants import names_where
 from ...files import atomic_write_json, staged_folder
@@ -296,7 +296,7 @@ def _paper_export_problems(model: nn.Module, gate: GateConfig) -> list[str]:
         )
     if gate.top_k is not None:
         problems.append(f"top_k={gate.top_k} (the paper's gates are dense)")
-    every = set(find_attention_blocks(model, DECODER))
+    every = set(blocks_by_layer(model))
     gated = every if gate.layers is None else set(gate.layers)
     if gated != every:
         problems.append(f"gates on layers {sorted(gated)} only (the paper's layout gates all {len(every)})")

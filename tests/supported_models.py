@@ -1,0 +1,112 @@
+"""The supported-models matrix: which model types of the zoo (`model_zoo.py`) `patch` serves, which it
+refuses and why, and the README's table made from it.
+
+    python tests/supported_models.py            # print the table
+    python tests/supported_models.py --write    # rewrite it in README.md (tests/core/test_model_matrix.py
+                                                # checks that README.md holds what this prints)
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from model_zoo import ZOO, zoo_model
+
+from hf_gate_attention import GateConfig, patch
+from hf_gate_attention.core.families import find_attention
+
+README = Path(__file__).parents[1] / "README.md"
+START, END = "<!-- supported-models: start -->", "<!-- supported-models: end -->"
+
+# zoo key -> (a part of the error `patch` raises, why in words) for the model types it refuses
+REFUSED = {
+    "qwen3_next": (
+        "it already carries an output gate",
+        "its attention already carries an output gate (a query projection twice as wide)",
+    ),
+}
+# zoo key -> a part of the error for variants other than `output`, where the layout serves only that one
+OUTPUT_GATE_ONLY = {"deepseek_v3": "has no per-head key or value projection"}
+# zoo key -> what `patch` warns it leaves ungated (module names of the unknown attention), for partial models
+PARTLY_GATED = {
+    "led": "led.encoder.layers.0.self_attn",
+    "siglip": "vision_model.head.attention",
+}
+SERVED = tuple(key for key in ZOO if key not in REFUSED)
+
+
+def model_of_unknown_layout():
+    """A tiny Llama whose attention no layout describes: its output projections replaced by `nn.Identity`."""
+    model = zoo_model("llama")
+    for layer in model.model.layers:
+        layer.self_attn.o_proj = torch.nn.Identity()
+    return model
+
+
+def kinds_of(model) -> tuple[str, ...]:
+    """Every attention kind the model has (`GateConfig.attention` that gates all of its attention)."""
+    return tuple(sorted({block.kind for block in find_attention(model)}))
+
+
+def gate_everything(model, sparse: bool | None = None, backend: str = "auto", **overrides):
+    """`patch` with gates on every attention block the model has (cross-attention included), `overrides`
+    replacing `GateConfig` fields; the warning about attention of unknown layout (`PARTLY_GATED`) muted."""
+    config = GateConfig(**{"attention": kinds_of(model), **overrides})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="gated attention: .* look like attention")
+        return patch(model, config, sparse=sparse, backend=backend)
+
+
+def _layout(block) -> str:
+    family = block.family
+    paths = family.paths
+    fused = " (fused per key/value group)" if family.qkv_layout == "grouped" else ""
+    return " / ".join(f"`{path}`" for path in paths) + fused
+
+
+def rows() -> list[str]:
+    """One Markdown row per zoo entry: model type, class, attention found (kind, stack, layout), status."""
+    lines = []
+    for key in ZOO:
+        model = zoo_model(key)
+        name = type(model).__name__
+        if key in REFUSED:
+            lines.append(f"| {key} | {name} | - | refused: {REFUSED[key][1]} |")
+            continue
+        blocks = find_attention(model)
+        stacks = {}
+        for block in blocks:
+            heads = f"{block.geometry['num_heads']}/{block.geometry['num_kv_heads']}"
+            stacks.setdefault(block.stack, (block.kind, _layout(block), heads))
+        found = "<br>".join(f"{kind}: `{stack}` {layout}" for stack, (kind, layout, _) in stacks.items())
+        status = "served" if key not in PARTLY_GATED else f"served; not gated: `{PARTLY_GATED[key]}` ..."
+        status += "; variant `output` only" if key in OUTPUT_GATE_ONLY else ""
+        lines.append(f"| {key} | {name} | {found} | {status} |")
+    return lines
+
+
+def table() -> str:
+    header = [
+        "| model type (tested) | class | attention blocks found (kind: stack, projections) | status |",
+        "|---|---|---|---|",
+    ]
+    return "\n".join([START, *header, *rows(), END])
+
+
+def readme_table() -> str:
+    text = README.read_text(encoding="utf-8")
+    return text[text.index(START) : text.index(END) + len(END)]
+
+
+if __name__ == "__main__":
+    generated = table()
+    if "--write" in sys.argv:
+        text = README.read_text(encoding="utf-8")
+        README.write_text(text.replace(readme_table(), generated), encoding="utf-8")
+    print(generated)

@@ -92,15 +92,23 @@ def cmd_patch(args) -> None:
     """Load a model, add gates, save it (with its tokenizer / image processor) to a new folder."""
     import transformers
 
+    from .core.hooks import CONFIG_ATTRIBUTE
     from .core.patching import gate_parameters, patch
     from .files import staged_folder
     from .offline import resolve_model
 
     output = Path(args.output)
     gate = _gate_config(args)
-    with staged_folder(output, overwrite=args.overwrite) as staging:  # refuses a busy output first
+    # refuses a busy output, or one that is the input, first
+    with staged_folder(output, overwrite=args.overwrite, inputs=[args.model]) as staging:
         model_path = resolve_model(args.model)
         config = transformers.AutoConfig.from_pretrained(model_path)
+        if getattr(config, CONFIG_ATTRIBUTE, None) is not None:
+            raise ValueError(
+                f"{args.model} is gated already (its config.json holds {CONFIG_ATTRIBUTE}): patching it "
+                "again would replace its trained gates by new ones. Load it with "
+                "hf_gate_attention.from_pretrained, or patch its base model"
+            )
         class_name = args.model_class or (config.architectures or ["AutoModel"])[0]
         model_class = getattr(transformers, class_name, None)
         if model_class is None:
@@ -318,7 +326,7 @@ def cmd_convert(args) -> None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(args.source, **hub)
     except (OSError, ValueError, KeyError):
         tokenizer = None
-    with staged_folder(Path(args.output), overwrite=args.overwrite) as staging:
+    with staged_folder(Path(args.output), overwrite=args.overwrite, inputs=[args.source]) as staging:
         if args.to == "ours":
             model = load_paper_checkpoint(args.source, backend="torch", **hub)
             model.save_pretrained(staging)

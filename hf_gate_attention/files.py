@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,27 +36,122 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-@contextmanager
-def staged_folder(path: Path, overwrite: bool = False) -> Iterator[Path]:
-    """A new temporary folder beside `path` to write into, renamed to `path` when the block ends without an
-    error (replacing `path` only with `overwrite`), removed otherwise."""
+def check_output_folder(path: Path, inputs: Iterable = ()) -> None:
+    """`ValueError` if writing a folder at `path` (replacing what is there) would destroy what it must not:
+    the current folder or one of its parents, the home folder, or one of `inputs` (the input itself)."""
+    resolved = Path(path).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise ValueError(f"output {path} is the current folder or one of its parents; name a new folder")
+    if resolved == Path.home().resolve():
+        raise ValueError(f"output {path} is the home folder; name a new folder")
+    for source in inputs:
+        if Path(source).exists() and resolved == Path(source).expanduser().resolve():
+            raise ValueError(f"output {path} is the input {source} itself; name a new folder")
+
+
+def _staging_prefix(path: Path) -> str:
+    return f".{path.name}.staging."
+
+
+def _replaced_prefix(path: Path) -> str:
+    return f".{path.name}.replaced."
+
+
+def recover_output(path: Path) -> None:
+    """Clean up what a killed write of the folder `path` left beside it: a folder moved aside for the
+    replacement while `path` is missing (the kill fell between the two renames) is moved back, so that the old
+    complete version is there; staging folders and other moved-aside folders are removed. One writer per
+    output at a time is assumed."""
     path = Path(path)
+    if not path.parent.is_dir():
+        return
+    replaced = sorted(path.parent.glob(f"{_replaced_prefix(path)}*"), key=lambda p: p.stat().st_mtime)
+    if replaced and not (path.exists() or path.is_symlink()):
+        replaced.pop().rename(path)
+    for leftover in [*replaced, *path.parent.glob(f"{_staging_prefix(path)}*")]:
+        _remove(leftover)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def replace_path(new: Path, path: Path) -> None:
+    """Put `new` (a folder or file) at `path`; what was there is moved aside first and deleted last, so that
+    a kill at any instant leaves the old complete version or the new one (`recover_output` tidies up)."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        aside = path.with_name(f"{_replaced_prefix(path)}{uuid.uuid4().hex}")
+        path.rename(aside)
+        Path(new).rename(path)
+        _remove(aside)
+    else:
+        Path(new).rename(path)
+
+
+@contextmanager
+def staged_folder(path: Path, overwrite: bool = False, inputs: Iterable = ()) -> Iterator[Path]:
+    """A new temporary folder beside `path` to write into, put at `path` when the block ends without an
+    error (replacing `path` only with `overwrite`; `replace_path`), removed otherwise. Refuses outputs that
+    must not be replaced (`check_output_folder`, `inputs`: what the command reads) and first cleans up what a
+    killed earlier write left (`recover_output`)."""
+    path = Path(path)
+    check_output_folder(path, inputs)
+    recover_output(path)
     if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
         raise ValueError(
             f"{path} exists and is not an empty folder; pass overwrite=True (--overwrite) to replace it"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=_staging_prefix(path)))
     try:
         yield staging
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-        staging.rename(path)
+        replace_path(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+@contextmanager
+def staged_update(path: Path, owned: Callable[[str], bool]) -> Iterator[Path]:
+    """`staged_folder` for a folder that may hold other files (a `save_pretrained` beside a tokenizer): the
+    new version is written into a staging folder, the old folder's entries that the write neither wrote nor
+    owns (`owned(name)`: what a previous write of the same kind wrote, such as weight shards) are carried
+    over (hard links; copies where linking fails), then it replaces the old folder (`replace_path`). Written
+    in place where the folder cannot be replaced (the current folder, a parent of it, the home folder)."""
+    path = Path(path)
+    if path.is_file():
+        raise ValueError(f"{path} is a file; save into a folder")
+    try:
+        check_output_folder(path)
+    except ValueError:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with staged_folder(path, overwrite=True) as staging:
+        yield staging
+        if path.is_dir():
+            for entry in path.iterdir():
+                if not (staging / entry.name).exists() and not owned(entry.name) and entry.name[0] != ".":
+                    _carry(entry, staging / entry.name)
+
+
+def _carry(source: Path, target: Path) -> None:
+    if source.is_dir() and not source.is_symlink():
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(source, target)
+
+
+def _link_or_copy(source, target) -> None:
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, target, follow_symlinks=False)
 
 
 def atomic_write_folder(path: Path, files: dict[str, bytes], stale: Iterable[str] = ()) -> None:

@@ -15,6 +15,8 @@ INITS = ("identity", "paper")
 TOP_K_UNITS = ("head", "kv_group")
 # fields that old checkpoints saved and that are not part of what the gate computes: dropped on load
 LEGACY_FIELDS = ("backend",)
+# fields every saved gate config holds (what the saved weights mean): a checkpoint without them is refused
+SAVED_FIELDS = ("variant", "granularity", "init")
 
 
 def _check_choice(name: str, value, accepted) -> None:
@@ -198,6 +200,18 @@ class GateConfig:
         """The config saved in a checkpoint's `config.json`, also by older versions (their `backend` entry,
         how the gate ran when saved, is dropped: the backend is chosen at load time)."""
         return cls.from_dict({k: v for k, v in data.items() if k not in LEGACY_FIELDS})
+
+    @classmethod
+    def from_checkpoint(cls, data: dict) -> GateConfig:
+        """`from_saved` for the config of saved gate weights: every version saved `SAVED_FIELDS`, and without
+        them the defaults would give the saved weights another meaning (scale, shape): refused."""
+        missing = [name for name in SAVED_FIELDS if name not in data]
+        if missing:
+            raise ValueError(
+                f"the saved gate config {data!r} lacks {', '.join(missing)}: what the saved gates compute is "
+                "unknown (the defaults would scale or shape them differently)"
+            )
+        return cls.from_saved(data)
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -241,7 +241,7 @@ def load_gate_adapter(
         _check_base(config, model.config, type(model).__name__, adapter)
         _warn_other_base(config, model.config._name_or_path or None, None, adapter)
         setattr(model, _BASE_ATTRIBUTE, {k: config[k] for k in ("base_model_name_or_path", "revision")})
-    patch(model, GateConfig.from_saved(config["gate_config"]), backend=backend)
+    patch(model, GateConfig.from_checkpoint(config["gate_config"]), backend=backend)
     load_gate_tensors(model, load_file(files[GATE_WEIGHTS_NAME]), str(adapter))
     if not config["lora"]:
         return model

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import transformers
 
 from ..core.config import GateConfig
@@ -9,6 +11,8 @@ from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.patching import patch
 from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
+
+logger = logging.getLogger(__name__)
 
 
 def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwargs):
@@ -43,16 +47,47 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
                 "model_class= (e.g. transformers.AutoModelForCausalLM)"
             ) from None
     delattr(config, CONFIG_ATTRIBUTE)
+    with_info = kwargs.pop("output_loading_info", False)
     verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the gate keys are "unexpected" until we patch
+    transformers.logging.set_verbosity_error()  # its report would list the gate keys: ours follows
     try:
-        model = model_class.from_pretrained(path, config=config, **kwargs)
+        model, info = model_class.from_pretrained(path, config=config, output_loading_info=True, **kwargs)
     finally:
         transformers.logging.set_verbosity(verbosity)
-    patch(model, GateConfig.from_saved(gate_dict), backend=backend)
+    info = _without_gate_keys(info)
+    _report_loading(path, type(model).__name__, info)
+    patch(model, GateConfig.from_checkpoint(gate_dict), backend=backend)
 
     load_gate_tensors(model, gate_tensors(path, **hub_kwargs), path)
-    return model
+    return (model, info) if with_info else model
+
+
+def _without_gate_keys(info: dict) -> dict:
+    """transformers' loading info without the gate keys (unexpected until `patch` adds the gates)."""
+    marker = f".{GATE_MODULE_NAME}."
+    return {
+        name: [key for key in keys if not (isinstance(key, str) and marker in key)]
+        if name == "unexpected_keys"
+        else keys
+        for name, keys in info.items()
+    }
+
+
+def _report_loading(path: str, class_name: str, info: dict) -> None:
+    """Warn, as transformers' load report does, about weights the checkpoint lacks (left at their random
+    init), weights it has that the model does not use, and weights of another shape."""
+    lines = []
+    for name, what in (
+        ("missing_keys", "not in the checkpoint, newly initialised"),
+        ("unexpected_keys", "in the checkpoint, not used by the model"),
+        ("mismatched_keys", "of another shape in the checkpoint, newly initialised"),
+    ):
+        keys = sorted(str(key) for key in info.get(name) or ())
+        if keys:
+            shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+            lines.append(f"{len(keys)} weight(s) {what}: {shown}")
+    if lines:
+        logger.warning("loading %s as %s: %s", path, class_name, "; ".join(lines))
 
 
 def load_model(path: str, *, backend: str = "auto", **kwargs):

@@ -20,7 +20,7 @@ from transformers.models.auto import modeling_auto
 
 from ..core.families import AttentionFamily, registered_family
 from ..core.hooks import unwrap_model
-from ..files import atomic_write_text
+from ..files import atomic_write_text, staged_update
 from ..version import __version__
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ FAMILY = {family!r}
 
 
 def _add_gates(model):
-    config = GateConfig.from_saved(model.config.gate_attention)
+    config = GateConfig.from_checkpoint(model.config.gate_attention)
     # dropped units that read sink and window keys need the attention function that applies the gate
     in_attention = config.dropped_reads_keys
     add_gates(model, config, attention_layout(model, config, FAMILY), gate_in_attention=in_attention)
@@ -158,10 +158,20 @@ def unshared_state_dict(state: dict) -> dict:
     }
 
 
+# what a save_pretrained writes into its folder: replaced by a new save, never carried over from the old one
+_SAVED_BY_US = re.compile(
+    r"(model|pytorch_model)([-.\w]*)\.(safetensors|bin)(\.index\.json)?|(generation_)?config\.json"
+    rf"|{ENTRY_MODULE}\.py|{RUNTIME_PREFIX}\w+\.py"
+)
+
+
 def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
     """`model.save_pretrained` of a patched model: transformers' save plus the remote code and `auto_map`.
 
-    Bound to the patched instance by `patch` (and removed by `unpatch`); arguments are transformers'.
+    Bound to the patched instance by `patch` (and removed by `unpatch`); arguments are transformers'. The
+    main process writes into a staging folder that then replaces `save_directory` (`files.staged_update`:
+    the other files of that folder are kept), so that a kill leaves the previous checkpoint or the new one,
+    never new config over old weights.
     """
     base = unwrap_model(model)
     classes = remote_classes(base)
@@ -173,18 +183,26 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
         )
     if len(args) < 2:  # the state_dict is transformers' third positional argument
         kwargs["state_dict"] = unshared_state_dict(kwargs.get("state_dict") or base.state_dict())
+    main_process = args[0] if args else kwargs.get("is_main_process", True)
+    if not main_process:  # the other ranks of a distributed save write nothing of ours
+        return type(base).save_pretrained(base, save_directory, *args, **kwargs)
+    with staged_update(Path(save_directory), owned=_SAVED_BY_US.fullmatch) as folder:
+        result = _save_with_remote_code(base, folder, classes, *args, **kwargs)
+    return result
+
+
+def _save_with_remote_code(base: nn.Module, folder: Path, classes: dict, *args, **kwargs):
     previous = getattr(base.config, "auto_map", None)
     if classes:
         base.config.auto_map = {auto: f"{ENTRY_MODULE}.{name}" for auto, name in classes.items()}
     try:
-        result = type(base).save_pretrained(base, save_directory, *args, **kwargs)
+        result = type(base).save_pretrained(base, folder, *args, **kwargs)
     finally:
         if previous is None and classes:
             del base.config.auto_map
         elif classes:
             base.config.auto_map = previous
-    if classes and kwargs.get("is_main_process", True):
-        folder = Path(save_directory)
+    if classes:
         family = registered_family(base.config.model_type)
         files = {f"{ENTRY_MODULE}.py": entry_file(family, classes), **runtime_files()}
         for name, text in files.items():

@@ -298,3 +298,31 @@ def test_cli_summarize_is_the_recipe_command(command, capsys):
         main([*command, "--help"])
     text = capsys.readouterr().out
     assert "max_steps (default: -1)" in text and "reproduction" in text
+
+
+def test_loading_says_what_it_did_not_load(tmp_path, caplog):
+    """The package's load reports what transformers' report would (only the gate keys are left out): base
+    weights missing from the checkpoint, a task head that does not fit, and a gate config without what
+    gives the saved gates their meaning is refused."""
+    import safetensors.torch
+
+    folder = tmp_path / "gated"
+    patch(tiny_model("llama"), init="paper").save_pretrained(folder)
+    with caplog.at_level("WARNING", logger="hf_gate_attention.sharing.loading"):
+        hf_gate_attention.from_pretrained(str(folder))
+    assert not caplog.records  # a complete checkpoint: nothing to say (the gate keys are not reported)
+    with caplog.at_level("WARNING", logger="hf_gate_attention.sharing.loading"):
+        hf_gate_attention.from_pretrained(str(folder), transformers.AutoModelForSequenceClassification)
+    assert "not in the checkpoint, newly initialised: score.weight" in caplog.text
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    safetensors.torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_gate_attention.sharing.loading"):
+        hf_gate_attention.from_pretrained(str(folder))
+    assert "model.layers.0.mlp.up_proj.weight" in caplog.text
+    config = json.loads((folder / "config.json").read_text())
+    config["gate_attention"] = {}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="lacks variant, granularity, init"):
+        hf_gate_attention.from_pretrained(str(folder))

@@ -1,0 +1,140 @@
+"""Writes that lose nothing: outputs that must not be replaced are refused, a replaced output is the old
+complete version or the new one after a kill at any instant (a real save killed at random points), what a
+killed write left is cleaned up by the next, and `save_pretrained` keeps the other files of its folder."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import make_tiny_model, tiny_model
+
+import hf_gate_attention
+from hf_gate_attention import gate_parameters, patch
+from hf_gate_attention.cli import main
+from hf_gate_attention.files import recover_output, replace_path, staged_folder
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("writes") / "llama")
+
+
+def test_patch_refuses_the_current_folder_its_parents_home_and_the_input(
+    tiny_llama, tmp_path, monkeypatch, capsys
+):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    for output, why in (
+        (".", "current folder or one of its parents"),
+        ("..", "current folder or one of its parents"),
+        (str(tmp_path / "home"), "home folder"),
+        (str(tiny_llama), "is the input"),
+    ):
+        assert main(["patch", str(tiny_llama), output, "--overwrite"]) == 2
+        assert why in capsys.readouterr().err
+    assert (work / "notes.txt").read_text() == "mine"
+    assert {p.name for p in tiny_llama.iterdir()} >= {"config.json", "model.safetensors"}
+
+
+def test_patch_refuses_a_gated_checkpoint(tiny_llama, tmp_path, capsys):
+    gated = tmp_path / "gated"
+    assert main(["patch", str(tiny_llama), str(gated), "--init", "paper"]) == 0
+    before = {p.name: p.read_bytes() for p in gated.iterdir()}
+    assert main(["patch", str(gated), str(tmp_path / "again")]) == 2
+    assert "gated already" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
+    assert {p.name: p.read_bytes() for p in gated.iterdir()} == before
+
+
+def test_recover_output_restores_or_removes_what_a_killed_write_left(tmp_path):
+    output = tmp_path / "out"
+    # killed between the two renames of replace_path: only the old version, moved aside, exists
+    aside = tmp_path / ".out.replaced.1"
+    aside.mkdir()
+    (aside / "weights").write_text("old")
+    (tmp_path / ".out.staging.2").mkdir()  # and a staging folder of the new one
+    recover_output(output)
+    assert (output / "weights").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # killed after both renames, before the old version was deleted
+    (tmp_path / ".out.replaced.3").mkdir()
+    recover_output(output)
+    assert (output / "weights").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # staged_folder cleans up first, then replaces
+    with staged_folder(output, overwrite=True) as staging:
+        (staging / "weights").write_text("new")
+    assert (output / "weights").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    new = tmp_path / "file.new"
+    new.write_text("2")
+    replace_path(new, output)  # a file replaces a folder the same way
+    assert output.read_text() == "2"
+
+
+def test_save_pretrained_keeps_the_folders_other_files_and_drops_stale_shards(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model-00002-of-00002.safetensors").write_text("stale")
+    (folder / "notes").mkdir()
+    (folder / "notes" / "run.txt").write_text("kept")
+    model = patch(tiny_model("llama"), init="paper")
+    model.save_pretrained(folder)
+    names = {p.name for p in folder.iterdir()}
+    assert {"tokenizer.json", "notes", "model.safetensors", "config.json"} <= names
+    assert "model-00002-of-00002.safetensors" not in names
+    assert (folder / "notes" / "run.txt").read_text() == "kept"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    with pytest.raises(ValueError, match="is a file"):
+        model.save_pretrained(folder / "tokenizer.json")
+
+
+# saves a patched tiny Llama over `folder` again and again, its gates alternating between two values, until
+# killed; prints a line after its first complete save
+SAVER = """
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from helpers import tiny_model
+from hf_gate_attention import gate_parameters, patch
+model = patch(tiny_model("llama"), init="paper")
+value = 0
+while True:
+    value = 1 - value
+    with torch.no_grad():
+        for param in gate_parameters(model):
+            param.fill_(value)
+    model.save_pretrained(sys.argv[1])
+    print("saved", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_save_killed_at_random_instants_leaves_the_old_or_the_new_checkpoint(tmp_path):
+    folder = tmp_path / "checkpoint"
+    tests = str(Path(__file__).parents[1])
+    rng = random.Random(0)
+    states = []
+    for _ in range(8):
+        process = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(folder), tests], stdout=subprocess.PIPE, text=True
+        )
+        assert process.stdout.readline().strip() == "saved"
+        time.sleep(rng.uniform(0.0, 0.3))  # a save of the tiny model takes about as long
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        recover_output(folder)  # what the next write does first
+        model = hf_gate_attention.from_pretrained(str(folder))
+        values = {round(p.float().mean().item(), 6) for p in gate_parameters(model)}
+        assert values in ({0.0}, {1.0}), values  # one complete version, never a mix
+        states.append(sorted(p.name for p in tmp_path.iterdir()))
+    assert all(names == ["checkpoint"] for names in states)

@@ -35,6 +35,21 @@ def _parse_layers(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected layer indices such as 0,1,5; got {text!r}") from None
 
 
+def _at_least(low: int):
+    """An argparse type: an int >= `low`, else a message naming the value and the range."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}; got {text!r}")
+        return value
+
+    return parse
+
+
 def _parse_names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(","))
 
@@ -405,9 +420,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarization dataset whose test documents are read (default aclsum: paper bodies)",
     )
     source.add_argument("--images", nargs="+", help="image files (vision models)")
-    diagnose_parser.add_argument("--max-inputs", type=int, default=8, help="inputs to diagnose (default 8)")
-    diagnose_parser.add_argument("--max-length", type=int, default=512, help="tokens per text (default 512)")
-    diagnose_parser.add_argument("--skip-queries", type=int, default=4, help="first queries left out (4)")
+    diagnose_parser.add_argument(
+        "--max-inputs", type=_at_least(1), default=8, help="inputs to diagnose (default 8)"
+    )
+    diagnose_parser.add_argument(
+        "--max-length", type=_at_least(1), default=512, help="tokens per text (default 512)"
+    )
+    diagnose_parser.add_argument(
+        "--skip-queries", type=_at_least(0), default=4, help="first queries left out (4)"
+    )
     diagnose_parser.add_argument("--labels", help="comma-separated names of the models in the outputs")
     diagnose_parser.add_argument(
         "--tokenizer", help="where the tokenizer / image processor is, when not saved with the models"

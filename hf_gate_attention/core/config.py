@@ -20,7 +20,7 @@ SAVED_FIELDS = ("variant", "granularity", "init")
 
 
 def _check_choice(name: str, value, accepted) -> None:
-    if value not in accepted:
+    if not isinstance(value, str) or value not in accepted:
         raise ValueError(f"GateConfig.{name}={value!r} is not valid; accepted values: {', '.join(accepted)}")
 
 

@@ -60,7 +60,8 @@ def patch(
     Args:
         model: a transformers model (bare, with a task head, or wrapped by PEFT) whose `config.model_type` is
             registered (see `supported_model_types`).
-        config: the gate to add; defaults to `GateConfig()`. `overrides` (e.g. `variant="qk"`) replace fields.
+        config: the gate to add (a `GateConfig`, or a dict of its fields); defaults to `GateConfig()`.
+            `overrides` (e.g. `variant="qk"`) replace fields.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates (`core/backends.py`).
             `"torch"`: the readable reference path. `"fused_gate"`: the model's own attention, the gate logits
             from the query GEMM and one fused Triton gate pass. `"triton"`: our flash attention with the gate
@@ -77,6 +78,12 @@ def patch(
         train_gates_only: freeze every parameter except the new gates.
     """
     check_backend_name(backend)
+    if isinstance(config, dict):
+        config = GateConfig.from_dict(config)
+    if config is not None and not isinstance(config, GateConfig):
+        raise TypeError(f"config must be a GateConfig or a dict of its fields, got {type(config).__name__}")
+    if not isinstance(train_gates_only, bool):
+        raise ValueError(f"train_gates_only={train_gates_only!r} is not valid; accepted values: True, False")
     if sparse not in (None, True, False):
         raise ValueError(f"sparse={sparse!r} is not valid; accepted values: None, True, False")
     config = (config or GateConfig()).replace(**overrides) if overrides else (config or GateConfig())

@@ -46,6 +46,11 @@ def checkpoint_statistics(folder: str | Path) -> dict:
     else:
         checkpoint, tensors, layout = read_checkpoint(folder), gate_tensors(str(folder)), "ours"
     gate = checkpoint["gate"]
+    if not checkpoint["gated_layers"]:
+        raise ValueError(
+            f"{folder}: its config describes gates ({gate.variant}/{gate.granularity}) but its weights hold "
+            "none: the checkpoint is incomplete"
+        )
     return {
         "layout": layout,
         "model_type": checkpoint["config"].get("model_type"),

@@ -250,3 +250,16 @@ def test_top_k_skipping_or_sink_reads_where_the_attention_cannot_take_them_are_r
         with pytest.raises(ValueError, match=why):
             patch(model, top_k=1, sparse=sparse, **overrides, **options)
         assert not is_patched(model)
+
+
+def test_bad_patch_arguments_are_named():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="train_gates_only='no' is not valid; accepted values: True, False"):
+        patch(model, train_gates_only="no")
+    with pytest.raises(TypeError, match="config must be a GateConfig or a dict of its fields, got int"):
+        patch(model, 3)
+    with pytest.raises(ValueError, match=r"GateConfig.variant=\['output'\] is not valid"):
+        GateConfig(variant=["output"])
+    assert all(p.requires_grad for p in model.parameters()) and not is_patched(model)
+    patch(model, {"variant": "qk", "init": "paper"})
+    assert gate_config_of(model) == GateConfig(variant="qk", init="paper")

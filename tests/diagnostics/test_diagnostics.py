@@ -501,3 +501,14 @@ def test_missing_weights_are_recreated_from_the_saved_config_and_checked(recipe_
         == 2
     )
     assert not (out / "DIAGNOSTICS.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "low"),
+    [("--max-inputs", "-1", 1), ("--max-inputs", "0", 1), ("--skip-queries", "-5", 0)],
+)
+def test_diagnose_counts_out_of_range_are_refused(option, value, low, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["diagnose", "some-model", option, value])
+    assert exit_.value.code == 2
+    assert f"expected an integer >= {low}; got '{value}'" in capsys.readouterr().err

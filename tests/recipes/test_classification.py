@@ -367,3 +367,10 @@ def test_bootstrap_intervals():
     better = paired_bootstrap_metric_delta(accuracy, labels, labels, predictions, n_bootstrap=200)
     assert better["delta"] == pytest.approx(1 - accuracy(labels, predictions))
     assert 0 < better["low"] <= better["delta"] <= better["high"] and better["p_value"] == 0.0
+
+
+def test_training_keys_out_of_range_are_refused_before_anything_runs():
+    with pytest.raises(ValueError, match=r"max_steps=-3 is not valid; accepted: -1 \(use num_train_epochs\)"):
+        ClassificationConfig.from_dict({"max_steps": -3})
+    with pytest.raises(ValueError, match="learning_rate=inf is not valid"):
+        ClassificationConfig.from_dict({"learning_rate": "inf"})

@@ -195,6 +195,20 @@ def test_unknown_config_key_is_named(tmp_path, capsys, where):
         ({"train": "everything"}, "train='everything'"),
         ({"backend": "cuda"}, "backend='cuda' is not valid; accepted: auto, torch, fused_gate, triton"),
         ({"max_steps": "many"}, "'max_steps'"),
+        ({"max_steps": -3}, "max_steps=-3 is not valid; accepted: -1 (use num_train_epochs) or >= 1"),
+        ({"num_train_epochs": -1}, "num_train_epochs=-1.0 is not valid; accepted: a finite number > 0"),
+        ({"learning_rate": "inf"}, "learning_rate=inf is not valid; accepted: a finite number > 0"),
+        (
+            {"gate_learning_rate": -1},
+            "gate_learning_rate=-1.0 is not valid; accepted: a finite number > 0 or null",
+        ),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0 is not valid"),
+        ({"save_steps": 0}, "save_steps=0 is not valid; accepted: a finite number >= 1"),
+        ({"eval_steps": 0}, "eval_steps=0 is not valid; accepted: a finite number >= 1 or null"),
+        ({"save_total_limit": 0}, "save_total_limit=0 is not valid"),
+        ({"weight_decay": -5}, "weight_decay=-5.0 is not valid; accepted: a finite number >= 0"),
+        ({"lr_scheduler_type": "cosin"}, "lr_scheduler_type='cosin' is not valid; accepted: linear, cosine"),
+        ({"bf16": True, "fp16": True}, "bf16 and fp16 are both set"),
     ],
 )
 def test_invalid_values_are_named(tmp_path, capsys, keys, message):
@@ -293,3 +307,10 @@ def test_resume_may_append_runs_and_reads_configs_saved_by_older_versions(tmp_pa
     ):
         with pytest.raises(FileExistsError, match=r"different run \(runs:"):
             check_run_dir(with_runs(changed, resume))
+
+
+def test_a_key_given_twice_in_a_yaml_config_is_refused(tmp_path, capsys):
+    config = tmp_path / "twice.yaml"
+    config.write_text("max_steps: 2\nlearning_rate: 1e-4\nmax_steps: 3\n")
+    assert main(["--config", str(config)]) == 2
+    assert "key 'max_steps' is given twice" in _error(capsys)

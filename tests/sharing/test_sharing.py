@@ -326,3 +326,15 @@ def test_loading_says_what_it_did_not_load(tmp_path, caplog):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="lacks variant, granularity, init"):
         hf_gate_attention.from_pretrained(str(folder))
+
+
+def test_info_on_a_checkpoint_without_its_gate_weights_fails(tmp_path, capsys):
+    import safetensors.torch
+
+    folder = tmp_path / "gated"
+    patch(tiny_model("llama")).save_pretrained(folder)
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if ".attn_gate." not in k}
+    safetensors.torch.save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+    assert main(["info", str(folder)]) == 2
+    assert "its weights hold none: the checkpoint is incomplete" in capsys.readouterr().err

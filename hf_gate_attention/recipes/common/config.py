@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from transformers import SchedulerType
 
 from ...core.backends import backend_names
 from ...core.config import GateConfig
@@ -73,6 +76,8 @@ def check_shared_keys(config) -> None:
         raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
     if config.backend not in backend_names():
         raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(backend_names())}")
+    if isinstance(config, TrainingKeys):
+        check_training_keys(config)
 
 
 def baseline_and_headwise() -> list[RunSpec]:
@@ -165,6 +170,51 @@ class TrainingKeys:
     save_steps: int = 50
     save_total_limit: int | None = 1
     ddp_backend: str | None = None
+
+
+# key -> (lowest accepted value, whether that value itself is refused, whether null is accepted)
+TRAINING_RANGES = {
+    "learning_rate": (0, True, False),
+    "gate_learning_rate": (0, True, True),
+    "num_train_epochs": (0, True, False),
+    "weight_decay": (0, False, False),
+    "warmup_steps": (0, False, False),
+    "per_device_train_batch_size": (1, False, False),
+    "per_device_eval_batch_size": (1, False, False),
+    "gradient_accumulation_steps": (1, False, False),
+    "logging_steps": (1, False, False),
+    "save_steps": (1, False, False),
+    "eval_steps": (1, False, True),
+    "save_total_limit": (1, False, True),
+}
+
+
+def check_training_keys(config: TrainingKeys) -> None:
+    """The training keys' ranges (`TRAINING_RANGES`; `max_steps` -1 or >= 1, a known `lr_scheduler_type`,
+    not both bf16 and fp16), checked before anything is written or trained: `ValueError` naming the key,
+    its value and what is accepted (the Trainer would train a full epoch for max_steps=-3, 0 steps for
+    num_train_epochs=-1, and NaN for learning_rate=inf, without an error)."""
+    for name, (low, refuse_low, nullable) in TRAINING_RANGES.items():
+        value = getattr(config, name)
+        if value is None and nullable:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or value < low or (refuse_low and value == low):
+            accepted = f"a finite number {'>' if refuse_low else '>='} {low}" + (
+                " or null" if nullable else ""
+            )
+            raise ValueError(f"{name}={value!r} is not valid; accepted: {accepted}")
+    if config.max_steps != -1 and (isinstance(config.max_steps, bool) or config.max_steps < 1):
+        raise ValueError(
+            f"max_steps={config.max_steps!r} is not valid; accepted: -1 (use num_train_epochs) or >= 1"
+        )
+    schedulers = [scheduler.value for scheduler in SchedulerType]
+    if config.lr_scheduler_type not in schedulers:
+        raise ValueError(
+            f"lr_scheduler_type={config.lr_scheduler_type!r} is not valid; accepted: {', '.join(schedulers)}"
+        )
+    if config.bf16 and config.fp16:
+        raise ValueError("bf16 and fp16 are both set; choose one of them")
 
 
 def _saved_runs(runs: list[dict]) -> list[dict]:

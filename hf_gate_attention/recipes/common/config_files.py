@@ -80,13 +80,32 @@ def _convert(value: Any, target) -> Any:
     raise TypeError(f"unsupported config type {target}")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | Path) -> dict:
     """The mapping in a YAML or JSON config file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
     text = path.read_text(encoding="utf-8")
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_UniqueKeyLoader)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise ValueError(f"config file {str(path)!r} is not valid {kind}: {err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

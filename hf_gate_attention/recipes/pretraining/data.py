@@ -62,7 +62,7 @@ def token_blocks(corpus_dir: Path, split: str, tokenizer, seq_len: int, cache_di
     key = _fingerprint(corpus_dir, "blocks", split, seq_len, tokenizer.vocab_size, len(tokenizer))
     path = Path(cache_dir) / f"{split}-{seq_len}-{key}.pt"
     if path.is_file():
-        return torch.load(path)
+        return torch.load(path, weights_only=True)
     documents = read_split(corpus_dir, split)
     pieces = []
     for start in range(0, len(documents), 1000):  # batches keep memory at a few bytes per token

@@ -155,27 +155,17 @@ def _link_or_copy(source, target) -> None:
 
 
 def atomic_write_folder(path: Path, files: dict[str, bytes], stale: Iterable[str] = ()) -> None:
-    """Write `files` (name -> bytes) into the folder `path` through a temporary sibling folder.
-
-    A new folder appears whole (one rename). Into an existing folder each file is moved with `os.replace`
-    (each one atomic), then the names in `stale` that `files` does not hold are removed.
-    """
+    """Write `files` (name -> bytes) into the folder `path` as one version (`staged_update`): a kill leaves
+    the old complete folder or the new one. The names in `stale` that `files` does not hold are dropped; the
+    folder's other files are kept."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        tmp.mkdir()
+    owned = set(files) | set(stale)
+    with staged_update(path, owned=owned.__contains__) as folder:
         for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        if not path.exists():
-            os.replace(tmp, path)
-            return
-        for name in files:
-            os.replace(tmp / name, path / name)
-        for name in set(stale) - set(files):
-            (path / name).unlink(missing_ok=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            atomic_write_bytes(folder / name, data)
+        if folder == path:  # written in place (the current folder): nothing carried, so drop by hand
+            for name in set(stale) - set(files):
+                (path / name).unlink(missing_ok=True)
 
 
 def read_json(path: Path) -> Any:

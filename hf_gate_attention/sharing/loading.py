@@ -101,7 +101,7 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
     return getattr(transformers, name, transformers.AutoModel).from_pretrained(path, **kwargs)
 
 
-def _natural(prefix: str) -> tuple:
+def natural_order(prefix: str) -> tuple:
     """Sort key of a module name with its numbers compared as numbers (`layers.2` before `layers.10`)."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in prefix.split("."))
 
@@ -119,7 +119,7 @@ def _paired_blocks(expected: list[str], saved: list[str]) -> dict[str, str] | No
     paired one to one when every pair is `_same_block`; `None` when they cannot be paired."""
     if set(expected) == set(saved):
         return {name: name for name in expected}
-    pairs = list(zip(sorted(expected, key=_natural), sorted(saved, key=_natural), strict=False))
+    pairs = list(zip(sorted(expected, key=natural_order), sorted(saved, key=natural_order), strict=False))
     if len(expected) != len(saved) or not all(_same_block(a, b) for a, b in pairs):
         return None
     return dict(pairs)
@@ -145,8 +145,8 @@ def load_gate_tensors(model, saved: dict, path: str) -> None:
     found = by_block(saved)
     pairs = _paired_blocks(list(expected), list(found))
     if pairs is None or any(set(expected[a]) != set(found[b]) for a, b in pairs.items()):
-        missing = sorted(set(expected) - set(found), key=_natural)
-        extra = sorted(set(found) - set(expected), key=_natural)
+        missing = sorted(set(expected) - set(found), key=natural_order)
+        extra = sorted(set(found) - set(expected), key=natural_order)
         raise ValueError(
             f"gate weights of {path} do not match the model: blocks missing {missing[:3]}, unexpected "
             f"{extra[:3]} ({len(found)} gated blocks saved, {len(expected)} in the model)"

@@ -11,14 +11,14 @@ from ..core.hooks import GATE_MODULE_NAME
 from ..files import read_json
 from .card import read_checkpoint
 from .layouts import is_paper_config, paper_checkpoint_contents
-from .loading import gate_tensors
+from .loading import gate_tensors, natural_order
 
 
 def _layer_statistics(tensors: dict, scale: float) -> dict:
     """Block -> shapes, mean |value| and the gate at zero input (`scale * sigmoid(bias)`) of `attn_gate`
     tensors given by state_dict key."""
     layers = {}
-    for key, tensor in sorted(tensors.items()):
+    for key, tensor in sorted(tensors.items(), key=lambda item: natural_order(item[0])):
         block, name = key.split(f".{GATE_MODULE_NAME}.")
         values = tensor.float()
         entry = layers.setdefault(block, {})

@@ -338,3 +338,12 @@ def test_info_on_a_checkpoint_without_its_gate_weights_fails(tmp_path, capsys):
     safetensors.torch.save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
     assert main(["info", str(folder)]) == 2
     assert "its weights hold none: the checkpoint is incomplete" in capsys.readouterr().err
+
+
+def test_info_lists_layers_in_numeric_order(tmp_path):
+    from hf_gate_attention.sharing.statistics import checkpoint_statistics
+
+    folder = tmp_path / "gated"
+    patch(tiny_model("llama", num_hidden_layers=12)).save_pretrained(folder)
+    layers = list(checkpoint_statistics(folder)["layers"])
+    assert layers == [f"model.layers.{i}.self_attn" for i in range(12)]

@@ -138,3 +138,21 @@ def test_a_save_killed_at_random_instants_leaves_the_old_or_the_new_checkpoint(t
         assert values in ({0.0}, {1.0}), values  # one complete version, never a mix
         states.append(sorted(p.name for p in tmp_path.iterdir()))
     assert all(names == ["checkpoint"] for names in states)
+
+
+def test_a_gate_adapter_is_written_as_one_version(tmp_path):
+    """Saving a gate adapter over a folder holding a LoRA adapter and a note: the LoRA files of the previous
+    save go (this adapter has none), the note stays, and nothing is left beside the folder."""
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "notes.md"):
+        (folder / name).write_text("old")
+    model = patch(tiny_model("llama"), init="paper")
+    hf_gate_attention.save_gate_adapter(model, folder, base_model_name_or_path="org/base")
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["gate_adapter_config.json", "gate_adapter_model.safetensors", "notes.md"]
+    assert (folder / "notes.md").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
+    loaded = hf_gate_attention.load_gate_adapter(tiny_model("llama"), folder)
+    for expected, got in zip(gate_parameters(model), gate_parameters(loaded), strict=True):
+        assert expected.equal(got)

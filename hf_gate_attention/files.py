@@ -168,6 +168,15 @@ def atomic_write_folder(path: Path, files: dict[str, bytes], stale: Iterable[str
                 (path / name).unlink(missing_ok=True)
 
 
+def require_hub_id_or_existing_path(name: str, what: str) -> None:
+    """`FileNotFoundError` naming `what` when `name` can only be a local path (it starts with `/`, `./`,
+    `../` or `~`, or holds a backslash or more than one `/`, which a Hub id `org/name` never does) and
+    nothing is there: a typo in a local path is reported as such, not as an unknown Hub id."""
+    local = name.startswith(("/", "./", "../", "~")) or "\\" in name or name.count("/") > 1
+    if local and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"{what} {name!r}: no such file or folder")
+
+
 def read_json(path: Path) -> Any:
     """The JSON in `path`, or `None` when the file does not exist."""
     path = Path(path)

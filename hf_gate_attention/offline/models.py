@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..files import require_hub_id_or_existing_path
 from ..known_models import HUB_ALIASES, OFFLINE_MODEL_NAMES
 from .dinov2 import dinov2_small_path
 from .minilm import minilm_path
@@ -50,6 +51,7 @@ def resolve_model(name_or_path: str) -> str:
     """
     if os.path.exists(name_or_path):
         return name_or_path
+    require_hub_id_or_existing_path(name_or_path, "model")
     if name_or_path in OFFLINE_MODELS:
         return str(OFFLINE_MODELS[name_or_path]())
     if name_or_path in HUB_ALIASES and not _in_hf_cache(name_or_path) and _hub_offline():

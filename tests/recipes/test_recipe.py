@@ -209,11 +209,15 @@ def test_unknown_config_key_is_named(tmp_path, capsys, where):
         ({"weight_decay": -5}, "weight_decay=-5.0 is not valid; accepted: a finite number >= 0"),
         ({"lr_scheduler_type": "cosin"}, "lr_scheduler_type='cosin' is not valid; accepted: linear, cosine"),
         ({"bf16": True, "fp16": True}, "bf16 and fp16 are both set"),
+        ({"dataset": "./missing/docs"}, "dataset './missing/docs': no such file or folder"),
+        ({"model": "./missing/model"}, "model './missing/model': no such file or folder"),
     ],
 )
 def test_invalid_values_are_named(tmp_path, capsys, keys, message):
+    keys = {"output_dir": str(tmp_path / "results"), **keys}
     assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
     assert message in _error(capsys)
+    assert not (tmp_path / "results").exists()  # refused before the results folder is made
 
 
 def test_output_folder_holding_a_different_run_is_refused_unless_overwrite(tmp_path):

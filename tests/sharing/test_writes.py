@@ -156,3 +156,9 @@ def test_a_gate_adapter_is_written_as_one_version(tmp_path):
     loaded = hf_gate_attention.load_gate_adapter(tiny_model("llama"), folder)
     for expected, got in zip(gate_parameters(model), gate_parameters(loaded), strict=True):
         assert expected.equal(got)
+
+
+def test_a_missing_local_model_is_named_as_a_path(tmp_path, capsys):
+    assert main(["patch", "./no/such/model", str(tmp_path / "out")]) == 2
+    assert "model './no/such/model': no such file or folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -24,6 +24,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...files import require_hub_id_or_existing_path
 from ..common.archives import BBC_NEWS, SPLIT_RULE, Source, download_sources, read_documents, split_of
 
 SPLITS = ("train", "validation", "test")
@@ -219,6 +220,7 @@ def _hub_rows(dataset: str, limits) -> dict[str, list[dict]]:
     import datasets
     from huggingface_hub import is_offline_mode
 
+    require_hub_id_or_existing_path(dataset, "dataset")
     if is_offline_mode():
         raise ValueError(
             f"dataset {dataset!r} is not a local file or folder, and the Hub is off (HF_HUB_OFFLINE): use an "

@@ -89,11 +89,10 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
         callbacks: extra `TrainerCallback`s for every training (e.g. to stop early).
     """
     check_run_dir(config)
-    claim_on_main(config)
-
-    model_path = resolve_model(config.model)
+    model_path = resolve_model(config.model)  # the model and data resolve before the results folder is made
     tokenizer = load_tokenizer(model_path)
     data = load_data(config)
+    claim_on_main(config)
     train_all(
         config,
         tokenizer,

@@ -33,6 +33,8 @@ import datasets
 import torch
 from huggingface_hub import is_offline_mode
 
+from ....files import require_hub_id_or_existing_path
+
 logger = logging.getLogger(__name__)
 
 ACLSUM_INSTALL = "pip install --no-deps aclsum==0.1.2"
@@ -103,6 +105,7 @@ def load_summarization_dataset(
     elif Path(source).suffix.lower() in _LOCAL_FORMATS:
         raise FileNotFoundError(f"Local dataset file {source!r} does not exist.")
     else:
+        require_hub_id_or_existing_path(source, "dataset")
         if document_column is None or summary_column is None:
             if source not in HUB_COLUMNS:
                 raise ValueError(

@@ -65,9 +65,8 @@ def gate_everything(model, sparse: bool | None = None, backend: str = "auto", **
 
 def _layout(block) -> str:
     family = block.family
-    paths = family.paths
     fused = " (fused per key/value group)" if family.qkv_layout == "grouped" else ""
-    return " / ".join(f"`{path}`" for path in paths) + fused
+    return " / ".join(f"`{path}`" for path in family.paths) + fused
 
 
 def rows() -> list[str]:

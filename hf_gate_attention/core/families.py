@@ -50,10 +50,10 @@ class AttentionFamily:
         variants (`tuple[str]`, *optional*): the gate variants this layout can serve (`None`: all), and
         limits (`str`): why it cannot serve the others, for the error.
         marker (`str`, *optional*): a path that must exist too for a block to have this layout.
-        num_heads_attr, num_kv_heads_attr (`str`):
-            Config attributes with the number of query heads and key/value heads, read when neither the block
-            nor its query projection's parent module carries one of `NUM_HEADS_ATTRIBUTES`. The key/value
-            heads and `head_dim` are then read off the projections' shapes, and checked.
+        num_heads_attr (`str`):
+            Config attribute with the number of query heads, read when neither the block nor its query
+            projection's parent module carries one of `NUM_HEADS_ATTRIBUTES`. The key/value heads and
+            `head_dim` are read off the projections' shapes, and checked.
     """
 
     query: str
@@ -66,7 +66,6 @@ class AttentionFamily:
     limits: str = ""
     marker: str | None = None
     num_heads_attr: str = "num_attention_heads"
-    num_kv_heads_attr: str = "num_key_value_heads"
 
     def __post_init__(self):
         if self.block is not None and re.compile(self.block).groups < 1:
@@ -218,12 +217,6 @@ def register_family(model_type: str, family: AttentionFamily, *, overwrite: bool
 def registered_family(model_type: str) -> AttentionFamily | None:
     """The family registered for `model_type`, or `None` (then the structural search runs)."""
     return _FAMILIES.get(model_type)
-
-
-def registered_model_types() -> list[str]:
-    """The `config.model_type` values described by `register_family` (the structural search serves the rest;
-    `SUPPORTED_MODELS` in the README lists the types tested)."""
-    return sorted(_FAMILIES)
 
 
 def supported_model_types() -> list[str]:

@@ -1,5 +1,6 @@
 """Files: atomic writes (a temporary file or folder beside the target, then a rename; never a half-written
-file or folder) and the one JSON reader."""
+file or folder), results folders replaced only once their new version is complete, and the readers of JSON
+and safetensors files that name the file when it cannot be read."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from safetensors import SafetensorError, safe_open
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -178,6 +181,52 @@ def require_hub_id_or_existing_path(name: str, what: str) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """The JSON in `path`, or `None` when the file does not exist."""
+    """The JSON in `path`, or `None` when the file does not exist; `ValueError` naming the file when it
+    is not valid JSON (truncated or corrupt)."""
     path = Path(path)
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON (truncated or corrupt?): {err}") from None
+
+
+@contextmanager
+def open_safetensors(path) -> Iterator:
+    """`safetensors.safe_open(path)` (PyTorch tensors), with `ValueError` naming the file when its header
+    cannot be read (a truncated or corrupt file)."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except SafetensorError as err:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt?): {err}") from err
+    with handle as f:
+        yield f
+
+
+def check_safetensors_folder(folder) -> None:
+    """Read the header of every `*.safetensors` file in the local `folder` (nothing when it is not a local
+    folder: a Hub id), so that a truncated file is named before a loader fails on it without its name."""
+    if Path(folder).is_dir():
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            with open_safetensors(path):
+                pass
+
+
+def set_aside(path: Path, inputs: Iterable = ()) -> None:
+    """Move the results folder `path` aside (a hidden sibling) so that a run replacing it starts in an empty
+    folder while the old results stay on disk until `discard_set_aside` (called once the new results are
+    complete); a kill in between leaves them beside the new run, and `recover_output` puts them back while
+    `path` is missing. Refuses what `check_output_folder` refuses."""
+    path = Path(path)
+    check_output_folder(path, inputs)
+    recover_output(path)
+    if path.exists() or path.is_symlink():
+        path.rename(path.with_name(f"{_replaced_prefix(path)}{uuid.uuid4().hex}"))
+
+
+def discard_set_aside(path: Path) -> None:
+    """Delete the old results that `set_aside` kept beside `path`."""
+    path = Path(path)
+    for old in path.parent.glob(f"{_replaced_prefix(path)}*"):
+        _remove(old)

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors import safe_open
-from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 from transformers.utils import cached_file
@@ -32,7 +30,7 @@ from transformers.utils import cached_file
 from ..core.config import GateConfig
 from ..core.hooks import GATE_MODULE_NAME, unwrap_model
 from ..core.patching import gate_config_of, is_patched, patch
-from ..files import atomic_write_folder
+from ..files import atomic_write_folder, open_safetensors, read_json
 from .card.metadata import is_hub_id
 from .loading import load_gate_tensors
 
@@ -158,7 +156,7 @@ def _resolve(adapter, revision: str | None = None, token=None) -> tuple[dict, di
     if config_file is None:
         found = sorted(os.listdir(adapter)) if Path(adapter).is_dir() else "a Hub repo without it"
         raise ValueError(f"{adapter} is not a gate adapter: expected {GATE_CONFIG_NAME}, found {found}")
-    config = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    config = read_json(config_file)
     if config.get("adapter_type") != ADAPTER_TYPE or config.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(
             f"{adapter}/{GATE_CONFIG_NAME} describes adapter_type={config.get('adapter_type')!r} format "
@@ -242,7 +240,7 @@ def load_gate_adapter(
         _warn_other_base(config, model.config._name_or_path or None, None, adapter)
         setattr(model, _BASE_ATTRIBUTE, {k: config[k] for k in ("base_model_name_or_path", "revision")})
     patch(model, GateConfig.from_checkpoint(config["gate_config"]), backend=backend)
-    load_gate_tensors(model, load_file(files[GATE_WEIGHTS_NAME]), str(adapter))
+    load_gate_tensors(model, _tensors(files[GATE_WEIGHTS_NAME]), str(adapter))
     if not config["lora"]:
         return model
     from peft import PeftModel
@@ -275,8 +273,13 @@ def _load_base(config: dict, base_id, adapter, token, kwargs: dict):
 
 def _tensor_shapes(path: str) -> dict[str, list[int]]:
     """Tensor name -> shape, from a safetensors header (no tensor is read)."""
-    with safe_open(path, framework="pt") as f:
+    with open_safetensors(path) as f:
         return {key: list(f.get_slice(key).get_shape()) for key in sorted(f.keys())}
+
+
+def _tensors(path: str) -> dict[str, torch.Tensor]:
+    with open_safetensors(path) as f:
+        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
 
 
 def adapter_info(folder, *, revision: str | None = None, token: str | None = None) -> dict:
@@ -293,7 +296,7 @@ def adapter_info(folder, *, revision: str | None = None, token: str | None = Non
     if config["lora"]:
         shapes = _tensor_shapes(files[LORA_WEIGHTS_NAME])
         lora = {
-            "config": json.loads(Path(files[LORA_CONFIG_NAME]).read_text(encoding="utf-8")),
+            "config": read_json(files[LORA_CONFIG_NAME]),
             "tensors": shapes,
             "parameters": sum(_numel(shape) for shape in shapes.values()),
         }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -13,7 +12,7 @@ from huggingface_hub.errors import LocalTokenNotFoundError
 
 from ..core.hooks import CONFIG_ATTRIBUTE, unwrap_model
 from ..core.patching import is_patched
-from ..files import atomic_write_text
+from ..files import atomic_write_text, read_json
 
 DEFAULT_COMMIT_MESSAGE = "Upload gated model (hf-gate-attention)"
 
@@ -170,7 +169,7 @@ def _check_gated_folder(folder: Path) -> None:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{folder} is not a saved model folder: it has no config.json")
-    if CONFIG_ATTRIBUTE not in json.loads(config_file.read_text()):
+    if CONFIG_ATTRIBUTE not in read_json(config_file):
         raise ValueError(
             f"{folder} is not a gated checkpoint: its config.json has no {CONFIG_ATTRIBUTE!r} entry "
             "(save a patched model with save_pretrained)"

@@ -9,6 +9,7 @@ import transformers
 from ..core.config import GateConfig
 from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.patching import patch
+from ..files import check_safetensors_folder
 from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
 
@@ -47,6 +48,7 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
                 "model_class= (e.g. transformers.AutoModelForCausalLM)"
             ) from None
     delattr(config, CONFIG_ATTRIBUTE)
+    check_safetensors_folder(path)  # transformers' error on a truncated file does not name it
     with_info = kwargs.pop("output_loading_info", False)
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # its report would list the gate keys: ours follows

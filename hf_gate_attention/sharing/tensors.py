@@ -3,12 +3,10 @@ without building a model: all of them, a selection, or the gates."""
 
 from __future__ import annotations
 
-import json
-
-from safetensors import safe_open
 from transformers.utils import cached_file
 
 from ..core.hooks import GATE_MODULE_NAME
+from ..files import open_safetensors, read_json
 
 _SINGLE_FILE = "model.safetensors"
 _INDEX_FILE = "model.safetensors.index.json"
@@ -24,13 +22,12 @@ def checkpoint_tensors(path: str, select=None, **hub_kwargs) -> dict:
     default), by state_dict key."""
     index_file = cached_file(path, _INDEX_FILE, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
     if index_file is not None:
-        with open(index_file) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        shards = sorted(set(read_json(index_file)["weight_map"].values()))
     else:
         shards = [_SINGLE_FILE]
     tensors = {}
     for shard in shards:
-        with safe_open(cached_file(path, shard, **hub_kwargs), framework="pt") as f:
+        with open_safetensors(cached_file(path, shard, **hub_kwargs)) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if select is None or select(key):
                     tensors[key] = f.get_tensor(key)

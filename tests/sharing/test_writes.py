@@ -18,7 +18,7 @@ from helpers import make_tiny_model, tiny_model
 import hf_gate_attention
 from hf_gate_attention import gate_parameters, patch
 from hf_gate_attention.cli import main
-from hf_gate_attention.files import recover_output, replace_path, staged_folder
+from hf_gate_attention.files import discard_set_aside, recover_output, replace_path, set_aside, staged_folder
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +162,52 @@ def test_a_missing_local_model_is_named_as_a_path(tmp_path, capsys):
     assert main(["patch", "./no/such/model", str(tmp_path / "out")]) == 2
     assert "model './no/such/model': no such file or folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------- unreadable files named
+
+
+def _truncate(path: Path, drop: int = 40) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - drop])
+
+
+def test_a_truncated_checkpoint_or_adapter_is_named(tmp_path, capsys):
+    model = patch(tiny_model("llama"), init="paper")
+    model.save_pretrained(tmp_path / "model")
+    _truncate(tmp_path / "model" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
+        hf_gate_attention.from_pretrained(str(tmp_path / "model"))
+
+    adapter = tmp_path / "adapter"
+    hf_gate_attention.save_gate_adapter(model, adapter, base_model_name_or_path="org/base")
+    _truncate(adapter / "gate_adapter_model.safetensors", drop=8)
+    with pytest.raises(ValueError, match=r"gate_adapter_model\.safetensors is not a readable safetensors"):
+        hf_gate_attention.load_gate_adapter(tiny_model("llama"), adapter)
+    (adapter / "gate_adapter_config.json").write_text('{"adapter_type": ')
+    with pytest.raises(ValueError, match=r"gate_adapter_config\.json is not valid JSON \(truncated"):
+        hf_gate_attention.load_gate_adapter(tiny_model("llama"), adapter)
+    assert main(["info", str(adapter)]) == 2
+    assert "gate_adapter_config.json is not valid JSON (truncated" in capsys.readouterr().err
+
+
+def test_set_aside_keeps_the_old_results_until_the_new_are_complete(tmp_path, monkeypatch):
+    results = tmp_path / "results" / "run"
+    results.mkdir(parents=True)
+    (results / "comparison.md").write_text("old")
+    set_aside(results)
+    assert not results.exists()
+    (aside,) = (tmp_path / "results").iterdir()
+    assert (aside / "comparison.md").read_text() == "old"
+    recover_output(results)  # killed before the new folder was made: the old results come back
+    assert (results / "comparison.md").read_text() == "old"
+
+    set_aside(results)
+    results.mkdir()  # the new run starts; killed here, the old results stay beside it
+    (results / "comparison.md").write_text("new")
+    discard_set_aside(results)
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["run"]
+    assert (results / "comparison.md").read_text() == "new"
+    monkeypatch.chdir(results)
+    with pytest.raises(ValueError, match="current folder"):
+        set_aside(results)

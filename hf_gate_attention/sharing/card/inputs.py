@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from safetensors import safe_open
-
 from ...core.config import GateConfig
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
-from ...files import read_json
+from ...files import open_safetensors, read_json
 from ...formatting import gate_label
 
 
@@ -36,7 +34,7 @@ def parameter_count(folder: Path) -> int:
     """Parameters stored in the safetensors weights of `folder`, from the headers only."""
     total = 0
     for shard in safetensors_shards(folder):
-        with safe_open(folder / shard, framework="pt") as f:
+        with open_safetensors(folder / shard) as f:
             total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
     return total
 
@@ -62,7 +60,7 @@ def read_checkpoint(folder: str | Path) -> dict:
     total = added = 0
     dtypes, gated_blocks, gates_all_zero = set(), set(), True
     for shard in safetensors_shards(folder):
-        with safe_open(folder / shard, framework="pt") as f:
+        with open_safetensors(folder / shard) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 tensor = f.get_slice(key)
                 count = math.prod(tensor.get_shape())

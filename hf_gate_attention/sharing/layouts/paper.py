@@ -6,7 +6,6 @@ written with `save_in_paper_layout`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from ...core.families import DECODER
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME, blocks_by_layer, unwrap_model
 from ...core.patching import gate_config_of, is_patched, patch
 from ...core.variants import names_where
-from ...files import atomic_write_json, staged_folder
+from ...files import atomic_write_json, read_json, staged_folder
 from ..tensors import checkpoint_tensors
 from .packing import head_geometry, pack_q_proj, split_q_proj
 
@@ -187,7 +186,7 @@ def paper_checkpoint_contents(folder: str) -> dict:
     `attn_gate` keys, split out of `q_proj`; only the attention projections are read)."""
     from ..card.inputs import parameter_count
 
-    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    config = read_json(Path(folder) / "config.json")
     granularity = paper_granularity(config, source=folder)
     projections = (f".{_QUERY}.", f".{_OUTPUT}.weight")
     state = checkpoint_tensors(folder, lambda key: any(part in key for part in projections))
@@ -263,8 +262,7 @@ def load_paper_checkpoint(
             f"unsupported argument(s) for a checkpoint in the paper's layout: {', '.join(unknown)}; "
             f"accepted: backend, dtype, attn_implementation, {', '.join(HUB_KWARGS)}"
         )
-    with open(cached_file(path, "config.json", **hub_kwargs), encoding="utf-8") as f:
-        config_dict = json.load(f)
+    config_dict = read_json(cached_file(path, "config.json", **hub_kwargs))
     granularity = paper_granularity(config_dict, source=path)
     state = paper_state_dict_to_ours(checkpoint_tensors(path, **hub_kwargs), config_dict)
     if dtype == "auto":  # the dtype of the saved weights

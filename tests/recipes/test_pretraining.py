@@ -235,8 +235,20 @@ def test_bad_input_is_reported(tmp_path, capsys):
     keys = tiny_study(tmp_path)
     with pytest.raises(ValueError, match=r"main_runs \['nope'\] are not in runs"):
         StudyConfig.from_dict({**keys, "main_runs": ["nope"]})
-    with pytest.raises(ValueError, match="learning rates must be distinct"):
+    with pytest.raises(ValueError, match="must be distinct finite numbers > 0"):
         StudyConfig.from_dict({**keys, "sweep_learning_rates": [0.003]})
+    for key, value, message in (
+        ("learning_rate", float("inf"), "learning_rate=inf is not valid; accepted: a finite number > 0"),
+        ("sweep_learning_rates", [float("inf")], "must be distinct finite numbers > 0, got \\[0.003, inf\\]"),
+        ("weight_decay", -1, "weight_decay=-1.0 is not valid; accepted: a finite number >= 0"),
+        ("warmup_steps", float("nan"), "warmup_steps=nan is not valid"),
+        ("adam_beta2", 1.0, "adam_beta2=1.0 is not valid; accepted: 0 <= adam_beta2 < 1"),
+        ("max_grad_norm", -1, "max_grad_norm=-1.0 is not valid; accepted: a finite number >= 0"),
+        ("lr_scheduler_type", "cosin", "lr_scheduler_type='cosin' is not valid; accepted: linear, cosine"),
+        ("logging_steps", 0, "logging_steps=0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            StudyConfig.from_dict({**keys, key: value})
     with pytest.raises(ValueError, match="unknown config key 'max_step'"):
         StudyConfig.from_dict({**keys, "max_step": 3})
     accepted = "auto, torch, fused_gate, triton"

@@ -19,19 +19,20 @@ import gc
 import logging
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import AutoConfig, TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
-from ..common.distributed import distributed_state, leave_after_training
+from ..common.distributed import check_gates_patch, distributed_state, leave_after_training
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
-from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
 from ..common.training import TRAIN_SUMMARY_FILE, is_trained, train_model
 from .config import ClassificationConfig
 from .data import ClassificationData, load_classification_dataset
 from .evaluation import confusion_matrix, deltas, interleaved_throughput, predict, quality, speed_ratios
 from .metrics import METRIC_LABELS
 from .model import (
+    AUTO_CLASSES,
     ClassificationCollator,
     check_modality,
     load_classifier,
@@ -183,7 +184,10 @@ def run_classification(
         model_path = resolve_model(config.model)
         data = load_data(config)
     check_modality(model_path, data.modality, config.dataset)
-    claim_on_main(config)  # after the input was read: bad input leaves no folder behind
+    check_gates_patch(config, AutoConfig.from_pretrained(model_path), AUTO_CLASSES[data.modality])
+    claim_on_main(
+        config, data_fingerprint(data.splits)
+    )  # after the input was read: bad input leaves no folder
     processor = load_processor(config, model_path, data.modality)
     train_all(config, model_path, processor, data, callbacks)
     if not leave_after_training():
@@ -193,4 +197,5 @@ def run_classification(
     speed = measure_speed(config, processor, data)
     rows = comparison_rows(config, data, trainings, predictions, speed)
     write_results(config, data, rows, trainings, predictions)
+    finish_run_dir(config)
     return config.run_dir

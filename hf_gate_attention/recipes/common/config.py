@@ -76,8 +76,7 @@ def check_shared_keys(config) -> None:
         raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
     if config.backend not in backend_names():
         raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(backend_names())}")
-    if isinstance(config, TrainingKeys):
-        check_training_keys(config)
+    check_training_keys(config)
 
 
 def baseline_and_headwise() -> list[RunSpec]:
@@ -97,9 +96,11 @@ class RecipeConfigBase:
 
         name (`str`): the results folder is `<output_dir>/<name>/`.
         output_dir (`str`, defaults to `"results"`): parent folder of the results folders.
-        overwrite (`bool`): delete what `<output_dir>/<name>/` holds and start over.
+        overwrite (`bool`): start over in `<output_dir>/<name>/`; what it held is set aside (a hidden folder
+            beside it) and deleted once the new results are complete.
         resume (`bool`): continue the run in `<output_dir>/<name>/` (finished trainings kept, interrupted ones
-            restart from their last checkpoint; only `RESUMABLE_KEYS` may change).
+            restart from their last checkpoint; only runs (appended), max_steps, num_train_epochs, save_steps,
+            save_total_limit, logging_steps and eval_steps may change; the data must be the same).
         backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
         runs (`list`): the compared models.
     """
@@ -146,10 +147,32 @@ class RecipeConfigBase:
 
 @dataclass
 class TrainingKeys:
-    """The training keys every fine-tuning recipe's config has (as in `transformers.TrainingArguments`;
-    `warmup_steps` < 1 is a ratio of the total steps; `gate_learning_rate` is the gates' own rate, `None`:
-    `learning_rate`); a recipe redeclares a field to change its default. Read by
-    `training.training_arguments`."""
+    """The training keys every fine-tuning recipe's config has, as in `transformers.TrainingArguments`; a
+    recipe redeclares a field to change its default. Read by `training.training_arguments`, checked by
+    `check_training_keys`.
+
+    Keys:
+        learning_rate (`float`): peak learning rate of the model's weights (AdamW), > 0.
+        gate_learning_rate (`float`, *optional*): learning rate of the gate parameters (new, zero-initialised
+            weights need a larger one than pretrained weights); `None`: `learning_rate`.
+        weight_decay (`float`): AdamW weight decay, >= 0 (never on the gates, biases and norms).
+        warmup_steps (`float`): linear warm-up steps; < 1 is a ratio of the total steps.
+        lr_scheduler_type (`str`): the learning-rate schedule after warm-up (`linear`, `cosine`, ...).
+        num_train_epochs (`float`): passes over the training split, > 0 (when `max_steps` is -1).
+        max_steps (`int`): optimizer steps (overrides `num_train_epochs`); -1: use `num_train_epochs`.
+        per_device_train_batch_size, per_device_eval_batch_size (`int`): examples per device and step.
+        gradient_accumulation_steps (`int`): steps whose gradients are summed per optimizer step.
+        bf16, fp16 (`bool`): mixed-precision training (at most one).
+        gradient_checkpointing (`bool`): recompute activations in the backward pass (less memory, slower).
+        seed (`int`): seed of the initialisation and of the data order, the same for every run.
+        logging_steps (`int`): training loss logged every N steps (the loss curves).
+        eval_steps (`int`, *optional*): validation loss every N steps (validation split, never test);
+            `None`: never.
+        save_steps (`int`): a checkpoint every N steps (what `--resume` continues from).
+        save_total_limit (`int`, *optional*): checkpoints kept per run; `None`: all.
+        ddp_backend (`str`, *optional*): torch.distributed backend of a multi-process launch (`nccl`, `gloo`);
+            `None`: the Trainer's choice.
+    """
 
     learning_rate: float = 5e-5
     gate_learning_rate: float | None = 1e-3
@@ -189,12 +212,14 @@ TRAINING_RANGES = {
 }
 
 
-def check_training_keys(config: TrainingKeys) -> None:
-    """The training keys' ranges (`TRAINING_RANGES`; `max_steps` -1 or >= 1, a known `lr_scheduler_type`,
-    not both bf16 and fp16), checked before anything is written or trained: `ValueError` naming the key,
-    its value and what is accepted (the Trainer would train a full epoch for max_steps=-3, 0 steps for
-    num_train_epochs=-1, and NaN for learning_rate=inf, without an error)."""
+def check_training_keys(config) -> None:
+    """The training keys' ranges (`TRAINING_RANGES`, for the keys `config` has; `max_steps` -1 or >= 1, a
+    known `lr_scheduler_type`, not both bf16 and fp16), checked before anything is written or trained:
+    `ValueError` naming the key, its value and what is accepted (the Trainer would train a full epoch for
+    max_steps=-3, 0 steps for num_train_epochs=-1, and NaN for learning_rate=inf, without an error)."""
     for name, (low, refuse_low, nullable) in TRAINING_RANGES.items():
+        if not hasattr(config, name):
+            continue
         value = getattr(config, name)
         if value is None and nullable:
             continue
@@ -204,16 +229,15 @@ def check_training_keys(config: TrainingKeys) -> None:
                 " or null" if nullable else ""
             )
             raise ValueError(f"{name}={value!r} is not valid; accepted: {accepted}")
-    if config.max_steps != -1 and (isinstance(config.max_steps, bool) or config.max_steps < 1):
-        raise ValueError(
-            f"max_steps={config.max_steps!r} is not valid; accepted: -1 (use num_train_epochs) or >= 1"
-        )
+    max_steps = getattr(config, "max_steps", -1)
+    if max_steps != -1 and (isinstance(max_steps, bool) or max_steps < 1):
+        raise ValueError(f"max_steps={max_steps!r} is not valid; accepted: -1 (use num_train_epochs) or >= 1")
     schedulers = [scheduler.value for scheduler in SchedulerType]
-    if config.lr_scheduler_type not in schedulers:
+    if hasattr(config, "lr_scheduler_type") and config.lr_scheduler_type not in schedulers:
         raise ValueError(
             f"lr_scheduler_type={config.lr_scheduler_type!r} is not valid; accepted: {', '.join(schedulers)}"
         )
-    if config.bf16 and config.fp16:
+    if getattr(config, "bf16", False) and getattr(config, "fp16", False):
         raise ValueError("bf16 and fp16 are both set; choose one of them")
 
 

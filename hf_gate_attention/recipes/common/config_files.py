@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_KEY_VALUE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*=")  # an override of its own, not the value of a --key
 
 
 def from_mapping(config_class, data: dict, source: str = "config"):
@@ -120,7 +122,9 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
     "flag": "true"}`.
 
     Overrides are `KEY=VALUE` or `--key value` (`--key=value`); dashes in key names are read as underscores;
-    a `--key` without a value (followed by another `--key` or by nothing) means `true`.
+    a `--key` without a value (followed by another `--key`, a `KEY=VALUE` or nothing) means `true`, so
+    `--resume max_steps=9` resumes with max_steps 9 (a value that looks like `KEY=VALUE` is given as
+    `--key=value`).
     """
     overrides, i = {}, 0
     while i < len(args):
@@ -129,7 +133,9 @@ def parse_overrides(args: list[str]) -> dict[str, str]:
         if not key or (not arg.startswith("--") and not has_value):
             raise ValueError(f"expected KEY=VALUE or --key value, got {arg!r}")
         if not has_value:
-            has_next = i + 1 < len(args) and not args[i + 1].startswith("--")
+            has_next = (
+                i + 1 < len(args) and not args[i + 1].startswith("--") and not _KEY_VALUE.match(args[i + 1])
+            )
             value = args[i + 1] if has_next else "true"
             i += has_next
         overrides[key.replace("-", "_")] = value

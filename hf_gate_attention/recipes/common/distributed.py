@@ -1,7 +1,10 @@
 """Distributed launches (`torchrun`, `accelerate launch`, or a single process): the process's state, where it
-patches, the results folder claimed by the main process, and the end of the process group after training."""
+patches (and the check, first, that every run's gate patches), and the end of the process group after
+training."""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from accelerate import PartialState
@@ -26,6 +29,18 @@ def patch_on_device(model, gate, backend: str):
     if device.type != "cpu":
         model.to(device)
     return patch(model, gate, backend=backend)
+
+
+def check_gates_patch(config, model_config, model_class) -> None:
+    """Patch a weightless copy of the model (meta device) with the gate of every gated run of `config` and
+    `config.backend`, so that what `patch` refuses (`backend="triton"` without CUDA, a gate this model cannot
+    take) is a `ValueError` before anything trains, not when its turn comes after the others trained."""
+    for run in config.runs:
+        if run.gate is None:
+            continue
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the real patch warns, once
+            patch(model_class.from_config(model_config), run.gate, backend=config.backend)
 
 
 def leave_after_training() -> bool:

@@ -8,11 +8,12 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, Trainer, TrainingArguments
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, ProgressCallback, Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from ...core.patching import gate_parameters
-from ...files import atomic_write_json, read_json
+from ...files import atomic_write_json, check_safetensors_folder, read_json
 from .config import RunSpec
 from .distributed import distributed_state, on_cpu
 
@@ -66,6 +67,27 @@ class GateLearningRateTrainer(Trainer):
         return self.optimizer
 
 
+class RunProgressCallback(ProgressCallback):
+    """The Trainer's progress bar, named after the run it trains (runs train one after another)."""
+
+    def __init__(self, run_name: str):
+        super().__init__()
+        self.run_name = run_name
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(
+                total=state.max_steps, dynamic_ncols=True, desc=f"Training {self.run_name}"
+            )
+        self.current_step = 0
+
+
+def name_progress_bar(trainer: Trainer, run_name: str) -> None:
+    """Replace the Trainer's progress bar (where it shows one) by one named after `run_name`."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(RunProgressCallback(run_name))
+
+
 def training_arguments(config, checkpoint_dir: Path) -> TrainingArguments:
     validate = config.eval_steps is not None
     return TrainingArguments(
@@ -101,13 +123,38 @@ def training_arguments(config, checkpoint_dir: Path) -> TrainingArguments:
     )
 
 
+# What a checkpoint must hold besides its weights and trainer state for training to continue where it stopped
+# (glob patterns: the optimizer's and scheduler's state as the Trainer writes them, or DeepSpeed's folder);
+# without them the Trainer starts a fresh optimizer or schedule without a word.
+RESUME_STATE = {"optimizer": ("optimizer*", "global_step*"), "scheduler": ("scheduler*", "global_step*")}
+
+
+def check_checkpoint(checkpoint: Path) -> None:
+    """`ValueError` naming what a checkpoint lacks or what cannot be read (its trainer state, weights, the
+    optimizer's and scheduler's state), and what to do about it."""
+    checkpoint = Path(checkpoint)
+    read_json(checkpoint / "trainer_state.json")  # names the file when truncated
+    check_safetensors_folder(checkpoint)
+    missing = [
+        part for part, globs in RESUME_STATE.items() if not any(any(checkpoint.glob(g)) for g in globs)
+    ]
+    if missing:
+        raise ValueError(
+            f"checkpoint {checkpoint} holds no {' and no '.join(missing)} state: resuming would start "
+            f"them afresh. Delete {checkpoint} to resume from the checkpoint before it, or pass --overwrite "
+            "to start the run over"
+        )
+
+
 def last_complete_checkpoint(checkpoint_dir: Path) -> str | None:
-    """The newest checkpoint whose trainer state was written (the Trainer writes it last). Newer folders left
-    by a save that was interrupted are deleted, so that checkpoint rotation and numbering ignore them."""
+    """The newest checkpoint whose trainer state was written (the Trainer writes it last), checked
+    (`check_checkpoint`). Newer folders left by a save that was interrupted are deleted, so that checkpoint
+    rotation and numbering ignore them."""
     if not checkpoint_dir.is_dir():
         return None
     while (last := get_last_checkpoint(str(checkpoint_dir))) is not None:
         if (Path(last) / "trainer_state.json").is_file():
+            check_checkpoint(Path(last))
             return last
         logger.warning("Deleting the incomplete checkpoint %s (interrupted while saving)", last)
         shutil.rmtree(last, ignore_errors=True)  # every process of a distributed launch may try
@@ -164,6 +211,7 @@ def train_model(
             gate_learning_rate=config.gate_learning_rate,
             **(trainer_kwargs or {}),
         )
+        name_progress_bar(trainer, run.name)
         checkpoint = last_complete_checkpoint(checkpoint_dir) if config.resume else None
         if checkpoint is not None:
             logger.warning("Run %s: resuming from %s", run.name, checkpoint)

@@ -31,7 +31,7 @@ from ...sharing.loading import from_pretrained as load_gated
 from ..common.distributed import leave_after_training
 from ..common.inference import inference_device, inference_dtype
 from ..common.plots import plot_loss_curves, plot_speed
-from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
 from ..common.summaries.pipeline import evaluate_all, load_data, measure_speed, train_all
 from ..common.summaries.report import csv_table, markdown_table, plot_rouge, rouge_deltas, speed_ratios
 from ..common.training import TRAIN_SUMMARY_FILE, count_parameters, load_tokenizer
@@ -156,7 +156,7 @@ def run_distillation(
     del student
     tokenizer = load_tokenizer(student_source(config))
     data = load_data(config)
-    claim_on_main(config)  # after the input was read: bad input leaves no folder behind
+    claim_on_main(config, data_fingerprint(data))  # after the input was read: bad input leaves no folder
     train_all(
         config,
         tokenizer,
@@ -178,4 +178,5 @@ def run_distillation(
     speed = measure_speed(config, names, load, tokenizer, data["test"])
     rows = comparison_rows(config, setup, trainings, quality, speed)
     write_results(config, rows, trainings, quality, setup)
+    finish_run_dir(config)
     return config.run_dir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...core.config import GateConfig
@@ -40,11 +41,8 @@ class Job:
 class StudyConfig(RecipeConfigBase):
     """Configuration of the pretraining study: every job sees the same data in the same order and budget.
 
-    Study:
-        name, output_dir: results go to `<output_dir>/<name>/` (`STUDY.md` is written by `report`).
-        overwrite, resume: start over, or continue (finished jobs are kept, interrupted ones restart from
-            their last checkpoint).
-        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
+    Study (besides `name`, `output_dir`, `overwrite`, `resume`, `backend` of `RecipeConfigBase`; `STUDY.md` is
+    written by `report`):
         runs (`list`): the compared models `{name, gate}` (`gate: null` is the ungated baseline).
         main_runs (`list[str]`): the runs trained with every seed of `seeds` (the others with the first).
         seeds (`list[int]`): initialisation seeds; the data order (`data_seed`) is the same for all.
@@ -63,11 +61,23 @@ class StudyConfig(RecipeConfigBase):
             diagnosed at the end (the sink and activation verdicts).
 
     Model (Llama-style, tied embeddings, SDPA):
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size.
+        hidden_size (`int`): width of the residual stream.
+        num_layers (`int`): decoder layers.
+        num_heads, num_kv_heads (`int`): query heads and key/value heads (grouped-query attention).
+        intermediate_size (`int`): width of the MLP.
 
     Training (as in `transformers.TrainingArguments`):
-        max_steps, per_device_train_batch_size, warmup_steps (< 1: a ratio), lr_scheduler_type,
-        weight_decay, adam_beta2, max_grad_norm, bf16, eval_steps, save_steps, logging_steps.
+        max_steps (`int`): optimizer steps of every job.
+        per_device_train_batch_size (`int`): token blocks per step.
+        warmup_steps (`float`): linear warm-up steps; < 1 is a ratio of `max_steps`.
+        lr_scheduler_type (`str`): the learning-rate schedule after warm-up (`cosine`, `linear`, ...).
+        weight_decay (`float`): AdamW weight decay, >= 0.
+        adam_beta2 (`float`): AdamW's second-moment decay, in [0, 1).
+        max_grad_norm (`float`): gradient-norm clipping, >= 0 (0: none).
+        bf16 (`bool`): bfloat16 mixed precision.
+        logging_steps (`int`): training loss logged every N steps.
+        eval_steps (`int`): validation loss every N steps.
+        save_steps (`int`): a checkpoint every N steps (what `--resume` continues from).
         diagnostics_steps (`int`): diagnostics on `probe_blocks` validation blocks every N steps.
     """
 
@@ -117,8 +127,17 @@ class StudyConfig(RecipeConfigBase):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}")
         rates = [self.learning_rate, *self.sweep_learning_rates]
-        if any(rate <= 0 for rate in rates) or len(set(rates)) != len(rates):
-            raise ValueError(f"learning rates must be distinct and > 0, got {rates}")
+        if any(not math.isfinite(rate) or rate <= 0 for rate in rates) or len(set(rates)) != len(rates):
+            raise ValueError(
+                f"learning_rate and sweep_learning_rates must be distinct finite numbers > 0, got {rates}"
+            )
+        if not 0 <= self.adam_beta2 < 1:
+            raise ValueError(f"adam_beta2={self.adam_beta2!r} is not valid; accepted: 0 <= adam_beta2 < 1")
+        if not math.isfinite(self.max_grad_norm) or self.max_grad_norm < 0:
+            raise ValueError(
+                f"max_grad_norm={self.max_grad_norm!r} is not valid; accepted: a finite number >= 0 (0: no "
+                "clipping)"
+            )
         positive = ("vocab_size", "seq_len", "validation_blocks", "test_blocks", "probe_blocks", "max_steps")
         positive += ("test_probe_blocks",)
         positive += ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "per_device_train_batch_size")

@@ -3,6 +3,7 @@
 Layout of `<output_dir>/<name>/`:
 
     config.json                       the StudyConfig (identity of the folder)
+    data.json                         rows and SHA-256 of every split's token blocks (checked on --resume)
     jobs/<run>-lr<rate>-seed<s>/      metrics.json (written last), diagnostics.json (during training),
                                       final_diagnostics.json, model/ and checkpoints/ (not kept in git)
     STUDY.md, study.json, *.png       the report (`report.py`)
@@ -11,24 +12,27 @@ Layout of `<output_dir>/<name>/`:
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
-from ...files import atomic_write_json, read_json
+from transformers import LlamaForCausalLM
+
+from ...files import read_json
+from ..common.distributed import check_gates_patch
+from ..common.run_dir import check_run_data, claim_run_dir, data_fingerprint, finish_run_dir
 from .config import CONFIG_FILE, StudyConfig
 from .data import prepare_data
 from .report import write_report
-from .train import is_finished, train_job
+from .train import is_finished, llama_config, train_job
 
 logger = logging.getLogger(__name__)
 
 
-def claim_study_dir(config: StudyConfig) -> None:
+def check_study_dir(config: StudyConfig) -> None:
     """Check that `<output_dir>/<name>/` is new, holds this study (`resume`) or may be replaced
-    (`overwrite`), then record the config; `FileExistsError` otherwise."""
+    (`overwrite`); `FileExistsError` otherwise. Read-only."""
     run_dir = config.run_dir
-    if config.overwrite and run_dir.exists():
-        shutil.rmtree(run_dir)
+    if config.overwrite:
+        return
     saved = read_json(run_dir / CONFIG_FILE)
     if saved is None and run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"{run_dir} is not empty and holds no {CONFIG_FILE}; pass --overwrite")
@@ -42,14 +46,17 @@ def claim_study_dir(config: StudyConfig) -> None:
             )
         if not config.resume:
             raise FileExistsError(f"{run_dir} already holds this study; pass --resume to continue it")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / CONFIG_FILE, config.to_dict())
 
 
 def run_study(config: StudyConfig) -> Path:
     """Train every job not finished yet (`config.jobs()` order), then write the report; returns the folder."""
-    claim_study_dir(config)
+    check_study_dir(config)
     tokenizer, blocks = prepare_data(config)
+    model_config = llama_config(config, len(tokenizer), tokenizer.eos_token_id)
+    check_gates_patch(config, model_config, LlamaForCausalLM)
+    fingerprint = data_fingerprint(blocks)
+    check_run_data(config, fingerprint)
+    claim_run_dir(config, fingerprint)  # the old study set aside with `overwrite`, deleted once it is done
     jobs = config.jobs()
     for number, job in enumerate(jobs, 1):
         job_dir = config.run_dir / "jobs" / job.name
@@ -58,4 +65,5 @@ def run_study(config: StudyConfig) -> Path:
         logger.info("Job %d/%d: %s", number, len(jobs), job.name)
         train_job(config, job, job_dir, blocks, tokenizer, resume=config.resume)
     write_report(config)
+    finish_run_dir(config)
     return config.run_dir

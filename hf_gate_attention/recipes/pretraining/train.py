@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 from ...diagnostics import DiagnosticsCallback, diagnose
 from ...files import atomic_write_json, read_json
 from ..common.distributed import on_cpu, patch_on_device
-from ..common.training import last_complete_checkpoint
+from ..common.training import last_complete_checkpoint, name_progress_bar
 from .config import Job, StudyConfig
 from .data import BlockDataset
 
@@ -24,11 +24,9 @@ DIAGNOSTICS_FILE = "diagnostics.json"
 FINAL_DIAGNOSTICS_FILE = "final_diagnostics.json"
 
 
-def build_model(config: StudyConfig, job: Job, vocab_size: int, eos_token_id: int) -> LlamaForCausalLM:
-    """The untrained model of `job`: the base weights depend only on the seed (the gate, drawn after them,
-    does not change them), so every run of a seed starts from the same ungated weights."""
-    set_seed(job.seed)
-    model_config = LlamaConfig(
+def llama_config(config: StudyConfig, vocab_size: int, eos_token_id: int) -> LlamaConfig:
+    """The study's model configuration (Llama-style, tied embeddings)."""
+    return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -41,6 +39,13 @@ def build_model(config: StudyConfig, job: Job, vocab_size: int, eos_token_id: in
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
     )
+
+
+def build_model(config: StudyConfig, job: Job, vocab_size: int, eos_token_id: int) -> LlamaForCausalLM:
+    """The untrained model of `job`: the base weights depend only on the seed (the gate, drawn after them,
+    does not change them), so every run of a seed starts from the same ungated weights."""
+    set_seed(job.seed)
+    model_config = llama_config(config, vocab_size, eos_token_id)
     model = LlamaForCausalLM._from_config(model_config, attn_implementation="sdpa")
     return patch_on_device(model, job.run.gate, config.backend) if job.run.gate is not None else model
 
@@ -103,6 +108,7 @@ def train_job(
     )
     probe = [{"input_ids": block[None]} for block in validation[: config.probe_blocks]]
     DiagnosticsCallback(probe, config.diagnostics_steps, job_dir / DIAGNOSTICS_FILE).attach(trainer)
+    name_progress_bar(trainer, job.name)
     checkpoint = last_complete_checkpoint(checkpoint_dir) if resume else None
     if checkpoint is not None:
         logger.warning("Job %s: resuming from %s", job.name, checkpoint)

@@ -22,13 +22,13 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from transformers import TrainerCallback
+from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
-from ..common.distributed import leave_after_training
+from ..common.distributed import check_gates_patch, leave_after_training
 from ..common.plots import plot_loss_curves, plot_speed
-from ..common.run_dir import check_run_dir, claim_on_main
+from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
 from ..common.summaries.pipeline import evaluate_all, load_data, measure_speed, train_all
 from ..common.summaries.report import csv_table, markdown_table, plot_rouge, rouge_deltas, speed_ratios
 from ..common.training import TRAIN_SUMMARY_FILE, load_tokenizer
@@ -90,9 +90,10 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
     """
     check_run_dir(config)
     model_path = resolve_model(config.model)  # the model and data resolve before the results folder is made
+    check_gates_patch(config, AutoConfig.from_pretrained(model_path), AutoModelForCausalLM)
     tokenizer = load_tokenizer(model_path)
     data = load_data(config)
-    claim_on_main(config)
+    claim_on_main(config, data_fingerprint(data))
     train_all(
         config,
         tokenizer,
@@ -112,4 +113,5 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
     speed = measure_speed(config, list(runs), load, tokenizer, data["test"])
     rows = comparison_rows(config, trainings, quality, speed)
     write_results(config, rows, trainings, quality, data)
+    finish_run_dir(config)
     return config.run_dir

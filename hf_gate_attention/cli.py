@@ -505,19 +505,20 @@ def recipe_main(argv: list[str]) -> int:
     return 2
 
 
-def summarize_main(argv: list[str] | None = None) -> int:
-    """`hf-gate-summarize` (= `hf-gate-attention summarize`, `hf-gate-attention recipe summarization`)."""
-    registry = _recipe_registry("hf-gate-summarize")
+def summarize_main(argv: list[str] | None = None, prog: str = "hf-gate-summarize") -> int:
+    """`hf-gate-summarize` (= `hf-gate-attention summarize`, `hf-gate-attention recipe summarization`);
+    `prog` is the name its messages and `--help` give it."""
+    registry = _recipe_registry(prog)
     if registry is None:
         return 2
-    return registry.run_recipe("summarization", sys.argv[1:] if argv is None else argv, "hf-gate-summarize")
+    return registry.run_recipe("summarization", sys.argv[1:] if argv is None else argv, prog)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (2 with a one-line reason for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["summarize"]:
-        return summarize_main(argv[1:])
+        return summarize_main(argv[1:], f"{PROG} summarize")
     if argv[:1] == ["recipe"]:
         return recipe_main(argv[1:])
     args = build_parser().parse_args(argv)

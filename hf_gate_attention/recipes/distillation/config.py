@@ -70,11 +70,7 @@ class DistillationConfig(RecipeConfigBase, SummaryKeys, TrainingKeys):
     MSE(student gates, teacher gates)`, the task loss and the KL on the summary tokens, the gate MSE on the
     non-padding tokens of the mapped layers (`hf_gate_attention.recipes.distillation.losses`).
 
-    Run (`RecipeConfigBase`):
-        name, output_dir: results go to `<output_dir>/<name>/`.
-        overwrite, resume: start over, or continue (finished trainings kept, interrupted ones restart from
-            their last checkpoint; only `RESUMABLE_KEYS` may change).
-        backend (`str`, defaults to `"auto"`): what runs the gates of both models, as in `patch`.
+    Run (besides `name`, `output_dir`, `overwrite`, `resume`, `backend` of `RecipeConfigBase`):
         runs (`list`): the students `{name, alpha_kd, alpha_gate}`; the one with both weights 0 (at most
             one) is the student trained alone, the reference of the ROUGE deltas.
 
@@ -91,10 +87,10 @@ class DistillationConfig(RecipeConfigBase, SummaryKeys, TrainingKeys):
             student keeps those pretrained layers, in that order; the gate loss compares those layers).
             `None`: evenly spaced, first and last kept (`default_layer_map`).
         temperature (`float`): `T` of the logit distillation.
-        attn_implementation (`str`, defaults to `"sdpa"`).
+        attn_implementation (`str`, defaults to `"sdpa"`): attention kernel (`"eager"`, `"sdpa"`, ...).
 
-    Data, training and evaluation: the summarization recipe's keys of the same names (see `RecipeConfig`);
-    the preset uses the values the teacher was trained with. Every weight of the student is trained.
+    Data, training and evaluation: the keys of `SummaryKeys` and `TrainingKeys`, as in the summarization
+    recipe; the preset uses the values the teacher was trained with. Every weight of the student is trained.
     """
 
     run_class: ClassVar[type] = DistillRunSpec

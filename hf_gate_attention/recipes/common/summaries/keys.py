@@ -9,8 +9,28 @@ from .data import DEFAULT_INSTRUCTION, TRUNCATION_STRATEGIES
 
 @dataclass
 class SummaryKeys:
-    """The data and evaluation keys every summary-generating recipe's config has (documented in the
-    summarization recipe's `RecipeConfig`), checked by `check_summary_keys`."""
+    """The data and evaluation keys every summary-generating recipe's config has, checked by
+    `check_summary_keys`.
+
+    Data:
+        dataset (`str`): `"aclsum"` (offline), a Hub dataset id, a local file or folder
+            (see `load_summarization_dataset`).
+        document_column, summary_column (`str`, *optional*): source columns, when not known for `dataset`.
+        max_train_examples, max_validation_examples, max_test_examples (`int`, *optional*): keep the first N.
+        doc_token_budget (`int`): tokens of the whole prompt (template + instruction + truncated document).
+        truncation (`str`): `"head"` or `"head_tail"` (see `truncate_document`).
+        max_summary_tokens (`int`): reference summary tokens kept as training target.
+        instruction (`str`): the instruction before the document.
+
+    Evaluation:
+        max_new_tokens (`int`): length limit of the greedy summaries.
+        generation_batch_size (`int`): prompts per `generate` call (left padding).
+        n_bootstrap (`int`): bootstrap resamples of the ROUGE confidence intervals.
+        confidence (`float`): level of the ROUGE confidence intervals, in (0, 1).
+        speed_examples (`int`): test prompts timed one by one.
+        speed_rounds (`int`): interleaved timing rounds over the models (ratios are taken per round).
+        speed_new_tokens (`int`): tokens decoded per timed summary.
+    """
 
     # data
     dataset: str = "aclsum"

@@ -46,13 +46,14 @@ def comparison_csv(
     metrics: tuple[str, ...],
     delta_columns: dict[str, str],
     speed_columns: tuple[str, ...],
-    ratio_columns: tuple[str, ...],
+    ratio_columns: dict[str, dict],
     extra_columns: tuple[str, ...] = (),
 ) -> str:
     """One CSV row per run of a comparison, every number in its own column: `run`, `gate`, the row keys
     `extra_columns`, `trainable_params`, `global_step`, `<metric>_mean/low/high` from `row[scores]`,
     `delta_<metric>_<suffix>` from `row["deltas"][metric][delta_columns[suffix]]`, `row["speed"]`'s
-    `speed_columns` and `<name>_ratio` from `row["speed_ratios"]` (the reference row: no deltas, ratios)."""
+    `speed_columns` (each run's own medians over the timing rounds), then `ratio_columns[run]` (the speed
+    ratios' columns, the same keys in every row; the reference row: empty ratios, no deltas)."""
     records = []
     for row in rows:
         record = {
@@ -68,8 +69,7 @@ def comparison_csv(
             delta = (row.get("deltas") or {}).get(metric, {})
             record |= {f"delta_{metric}_{suffix}": delta.get(key) for suffix, key in delta_columns.items()}
         record |= {key: row["speed"][key] for key in speed_columns}
-        ratios = row.get("speed_ratios") or {}
-        record |= {f"{name}_ratio": ratios.get(name) for name in ratio_columns}
+        record |= ratio_columns[row["run"]]
         records.append(record)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")

@@ -100,13 +100,19 @@ def test_card_with_recipe_results_reads_the_metrics_json(recipe_results):
             assert f"{s['mean']:.2f} [{s['low']:.2f}, {s['high']:.2f}]" in text
     delta = run["deltas"]["rougeL"]
     assert f"| ROUGE-L | {delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] |" in text
-    for model in (run, baseline):
-        assert (
-            f"| {model['speed']['decode_tokens_per_s']:.1f} | {model['speed']['seconds_per_summary']:.3f} |"
-            in text
-        )
-    ratios = run["speed_ratios"]
-    assert f"| ratio vs baseline | x{ratios['prefill']:.3f} | x{ratios['decode']:.3f} |" in text
+    ratios, base = run["speed_ratios"], baseline["speed"]
+    assert (
+        f"| baseline | {base['prefill_tokens_per_s']:.1f} | {base['decode_tokens_per_s']:.1f} "
+        f"| {base['seconds_per_summary']:.3f} | {base['peak_memory_mb']:.1f} | - | - | - | - |"
+    ) in text
+    # this model: the baseline's medians x the medians of the per-round ratios, each ratio with its range
+    assert (
+        f"| this model | {base['prefill_tokens_per_s'] * ratios['prefill']:.1f} "
+        f"| {base['decode_tokens_per_s'] * ratios['decode']:.1f} "
+        f"| {base['seconds_per_summary'] / ratios['speedup']:.3f} | {run['speed']['peak_memory_mb']:.1f} "
+        f"| x{ratios['prefill']:.3f} ["
+    ) in text
+    assert "baseline's median over the rounds; each other row is that median x its ratio" in text
     assert f"| steps | {run['global_step']} (budget: max_steps 2" in text
     assert f"{run['training']['parameters']['total']:,} stored parameters" in text
     assert "gate weights are all zero" not in text  # trained gates

@@ -144,8 +144,9 @@ def write_results(
         confusion = confusion_matrix(labels, predictions[row["run"]], len(data.label_names))
         metrics = row | {"training": trainings[row["run"]], "confusion_matrix": confusion}
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
-    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence))
-    atomic_write_text(out / "comparison.csv", csv_table(rows))
+    reference = config.baseline.name if config.baseline else None
+    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence, reference))
+    atomic_write_text(out / "comparison.csv", csv_table(rows, reference))
     sizes = {split: len(rows_) for split, rows_ in data.splits.items()}
     summary = {
         "modality": data.modality,

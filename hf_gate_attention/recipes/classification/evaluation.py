@@ -16,9 +16,13 @@ import torch
 
 from ...memory import peak_growth_mib
 from ..common.inference import interleaved_rounds
+from ..common.speed import SpeedColumn
+from ..common.speed import speed_ratios as median_ratios
 from .metrics import METRICS, bootstrap_metric, paired_bootstrap_metric_delta
 
 logger = logging.getLogger(__name__)
+
+SPEED_COLUMNS = (SpeedColumn("examples_per_s", "throughput", "examples/s", "throughput ratio"),)
 
 
 def _on(batch: dict, device: torch.device) -> dict:
@@ -121,11 +125,7 @@ def peak_memory_mb(model, batch: dict) -> float:
 def speed_ratios(run: dict, baseline: dict) -> dict:
     """Median over the interleaved rounds of run / baseline throughput (> 1: the run is faster), and the
     peak-memory ratio (> 1: the run uses more)."""
-    pairs = zip(run["rounds"], baseline["rounds"], strict=True)
-    return {
-        "throughput": statistics.median(r["examples_per_s"] / b["examples_per_s"] for r, b in pairs),
-        "peak_memory": run["peak_memory_mb"] / baseline["peak_memory_mb"],
-    }
+    return median_ratios(run, baseline, SPEED_COLUMNS)
 
 
 def confusion_matrix(labels: list[int], predictions: list[int], num_labels: int) -> list[list[int]]:

@@ -1,9 +1,11 @@
-"""Runs vs the baseline: accuracy and macro-F1 with CIs, paired deltas and throughput ratios, as Markdown
-and CSV tables."""
+"""Runs vs the baseline: accuracy and macro-F1 with CIs, paired deltas and throughput ratios (`common.speed`),
+as Markdown and CSV tables."""
 
 from __future__ import annotations
 
 from ...formatting import comparison_csv, gate_label, signed, table
+from ..common.speed import MEMORY_RATIO, ratio_csv_fields, speed_table, stats_by_run
+from .evaluation import SPEED_COLUMNS
 from .metrics import METRIC_LABELS, METRICS
 
 
@@ -17,12 +19,9 @@ def _delta_cell(delta: dict) -> str:
     return f"{signed(points['delta'])} {interval} (p={delta['p_value']:.3f})"
 
 
-def _ratio(value: float) -> str:
-    return f"x{value:.3f} ({100 * (value - 1):+.1f} %)"
-
-
-def markdown_table(rows: list[dict], confidence: float) -> str:
-    """Markdown tables of the comparison rows: quality with CIs, deltas vs the baseline, speed and ratios."""
+def markdown_table(rows: list[dict], confidence: float, reference: str | None = "baseline") -> str:
+    """Markdown tables of the comparison rows: quality with CIs, deltas vs the baseline, speed and its ratios
+    vs the run named `reference` (none without such a run)."""
     level = f"{100 * confidence:g} %"
     labels = [METRIC_LABELS[m] for m in METRICS]
     lines = [f"Test split, in % (mean [{level} bootstrap CI]); {rows[0]['test_examples']} examples", ""]
@@ -45,24 +44,21 @@ def markdown_table(rows: list[dict], confidence: float) -> str:
             )
         )
     speed = rows[0]["speed"]
-    lines += [
-        "",
-        f"Inference throughput (batches of {speed['batch_size']}, {speed['examples']} test examples, medians "
-        "of interleaved rounds); ratios vs baseline: > 1 is faster (memory: > 1 uses more)",
-        "",
-    ]
-    speed_rows = []
-    for row in rows:
-        ratios = row.get("speed_ratios")
-        cells = [f"{row['speed']['examples_per_s']:.1f}", f"{row['speed']['peak_memory_mb']:.1f}"]
-        cells += [_ratio(ratios["throughput"]), _ratio(ratios["peak_memory"])] if ratios else ["-", "-"]
-        speed_rows.append([row["run"], *cells])
-    lines.append(table(["run", "examples/s", "peak MiB", "throughput ratio", "memory ratio"], speed_rows))
+    caption = (
+        f"Inference throughput (batches of {speed['batch_size']}, {speed['examples']} test examples, "
+        "interleaved rounds)"
+    )
+    lines += ["", *speed_table(rows, reference, SPEED_COLUMNS, caption)]
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: list[dict]) -> str:
-    """One CSV row per run with every number of the comparison in its own column (fractions, not %)."""
+def csv_table(rows: list[dict], reference: str | None = "baseline") -> str:
+    """One CSV row per run with every number of the comparison in its own column (fractions, not %): each
+    run's own speed medians, and the ratios vs the run named `reference` with their range over the rounds
+    and noisy flag (`common.speed`)."""
     deltas = {key: key for key in ("delta", "low", "high", "p_value")}
     speed = ("examples_per_s", "seconds_per_batch", "peak_memory_mb")
-    return comparison_csv(rows, "quality", METRICS, deltas, speed, ("throughput", "peak_memory"))
+    stats = stats_by_run(rows, reference, SPEED_COLUMNS)
+    names = (*(column.ratio for column in SPEED_COLUMNS), MEMORY_RATIO)
+    ratios = {row["run"]: ratio_csv_fields(stats.get(row["run"]), names) for row in rows}
+    return comparison_csv(rows, "quality", METRICS, deltas, speed, ratios)

@@ -110,7 +110,7 @@ def write_results(config: DistillationConfig, rows: list[dict], trainings: dict,
         }
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
     atomic_write_text(out / "comparison.md", comparison_tables(rows, config.confidence, reference))
-    atomic_write_text(out / "comparison.csv", csv_table(rows, EXTRA_COLUMNS))
+    atomic_write_text(out / "comparison.csv", csv_table(rows, EXTRA_COLUMNS, speed_reference=TEACHER_ROW))
     comparison = {"config": config.to_dict(), **setup, "reference": reference, "runs": rows}
     atomic_write_json(out / "comparison.json", comparison)
     task_losses = {

@@ -15,13 +15,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ...claims import round_speedups
 from ...files import read_json
 from ...formatting import gate_label
 from ..common.reports import report_main
 from ..common.summaries.report import rouge_deltas
 from .compare import comparison_tables
-from .config import TEACHER_ROW
 
 RULE = (
     "Each answer compares two students on ROUGE-L, paired by test example: *reproduced* when the paired "
@@ -79,12 +77,6 @@ def distillation_report(results: str | Path, command: str) -> str:
         answer = overall(verdicts) if pairs else "not measured (no such pair of runs)"
         lines_verdicts.append(f"- {question} **{answer}**.")
     teacher, student = comparison["teacher"], comparison["student"]
-    teacher_row = next(row for row in rows if row["run"] == TEACHER_ROW)
-    round_ranges = []
-    for row in rows:
-        if row is not teacher_row:
-            speedups = round_speedups(row, teacher_row)
-            round_ranges.append(f"{row['run']} x{min(speedups):.2f} to x{max(speedups):.2f}")
     return "\n".join(
         [
             "# Distillation of gating into a smaller model",
@@ -116,9 +108,6 @@ def distillation_report(results: str | Path, command: str) -> str:
             "## Measured",
             "",
             comparison_tables(rows, config["confidence"], comparison["reference"]).rstrip(),
-            "",
-            f"Speedup over the teacher (s/summary) in each of the {len(teacher_row['speed']['rounds'])} "
-            f"interleaved rounds: {'; '.join(round_ranges)}.",
             "",
             "Plots: `loss_curves.png` (task loss), `rouge.png`, `speed.png` in the results folder.",
             "",

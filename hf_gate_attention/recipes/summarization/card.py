@@ -9,6 +9,8 @@ from ...formatting import ROUGE_LABELS, score_with_ci, signed, signed_percent, t
 from ...known_models import OFFLINE_MODEL_NAMES
 from ...sharing.card.results import RecipeResults
 from ...sharing.card.sections import shown
+from ..common.speed import NOISY_NOTE, ratio_cell, ratio_stats, speed_table
+from ..common.summaries.report import SPEED_COLUMNS
 
 
 def describe(res: dict, ckpt: dict) -> RecipeResults | None:
@@ -149,33 +151,16 @@ def evaluation_section(res: dict) -> str:
         ]
     speed = run["speed"]
     prompts = speed["prompt_tokens"]
-    parts.append(
+    caption = (
         f"Inference speed on `{speed['device']}`: batch 1, {len(prompts)} test prompts of {min(prompts)}-"
-        f"{max(prompts)} tokens, exactly {speed['new_tokens']} greedy tokens each, medians of "
-        f"{len(speed['rounds'])} rounds that alternate the models:"
+        f"{max(prompts)} tokens, exactly {speed['new_tokens']} greedy tokens each, {len(speed['rounds'])} "
+        "rounds that alternate the models:"
     )
-    rows = [
-        [
-            names[id(m)],
-            f"{m['speed']['prefill_tokens_per_s']:.1f}",
-            f"{m['speed']['decode_tokens_per_s']:.1f}",
-            f"{m['speed']['seconds_per_summary']:.3f}",
-            f"{m['speed']['peak_memory_mb']:.1f}",
-        ]
-        for m in models
+    rows = ([{"run": "baseline", "speed": baseline["speed"]}] if baseline else []) + [
+        {"run": "this model", "speed": speed}
     ]
-    ratios = run.get("speed_ratios")
-    if ratios:
-        rows.append(
-            ["ratio vs baseline"]
-            + [f"x{ratios[k]:.3f}" for k in ("prefill", "decode", "speedup", "peak_memory")]
-        )
-    parts.append(table(["model", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"], rows))
-    if ratios:
-        parts.append(
-            "Ratios are medians of per-round ratios; > 1 is faster (s/summary: baseline time / this model's "
-            "time), for memory > 1 uses more."
-        )
+    reference = "baseline" if baseline else None
+    parts.append("\n".join(speed_table(rows, reference, SPEED_COLUMNS, caption, own_medians=None)))
     return "\n\n".join(parts)
 
 
@@ -200,14 +185,16 @@ def limitation_items(ckpt: dict, res: dict) -> list[str]:
         ]
         if others:
             items.append(f"Other ROUGE deltas: {', '.join(others)}.")
-        ratios = run["speed_ratios"]
-        faster = ratios["speedup"] >= 1
+        ratios = ratio_stats(run["speed"], baseline["speed"], SPEED_COLUMNS)
+        faster = ratios["speedup"]["ratio"] >= 1
         speed_claim = speed_verdict(round_speedups(run, baseline))
+        cells = {name: ratio_cell(stats) for name, stats in ratios.items()}
         items.append(
-            f"Speed: {'faster' if faster else 'slower'} than the baseline, x{ratios['speedup']:.3f} in "
-            f"time per summary (prefill x{ratios['prefill']:.3f}, decode x{ratios['decode']:.3f}; memory "
-            f"x{ratios['peak_memory']:.3f}), medians of {len(run['speed']['rounds'])} interleaved rounds "
-            f"on `{run['speed']['device']}` without a confidence interval. "
+            f"Speed: {'faster' if faster else 'slower'} than the baseline, {cells['speedup']} in time per "
+            f"summary (prefill {cells['prefill']}, decode {cells['decode']}; memory {cells['peak_memory']}): "
+            f"medians [lowest, highest] of {len(run['speed']['rounds'])} interleaved rounds on "
+            f"`{run['speed']['device']}`. "
+            + (NOISY_NOTE + " " if any(stats["noisy"] for stats in ratios.values()) else "")
             + f"The source article's claim of +18 % inference speed is {speed_claim} here."
             + (
                 " The gate adds computation and this path skips none, so a speed-up is most likely "

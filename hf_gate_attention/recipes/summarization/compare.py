@@ -69,8 +69,9 @@ def write_results(config: RecipeConfig, rows: list[dict], trainings: dict, quali
             "skipped_examples": data.num_skipped,
         }
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
-    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence))
-    atomic_write_text(out / "comparison.csv", csv_table(rows))
+    reference = config.baseline.name if config.baseline else None
+    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence, reference=reference))
+    atomic_write_text(out / "comparison.csv", csv_table(rows, speed_reference=reference))
     atomic_write_json(
         out / "comparison.json",
         {"config": config.to_dict(), "skipped_examples": data.num_skipped, "runs": rows},

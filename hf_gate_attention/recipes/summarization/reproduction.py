@@ -5,7 +5,6 @@ python -m hf_gate_attention.recipes.summarization.reproduction results/reproduce
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round
 from ...files import read_json
 from ...formatting import gate_label
 from ..common.reports import report_main
-from ..common.summaries.report import markdown_table, rouge_deltas
+from ..common.speed import NOISY_NOTE, ratio_cell, ratio_summary, round_ratios
+from ..common.summaries.report import SPEED_COLUMNS, markdown_table, rouge_deltas
 
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
@@ -65,6 +65,8 @@ def _validation_losses(metrics: dict[str, dict]) -> list[str]:
     ]
 
 
+SPEEDUP = next(column for column in SPEED_COLUMNS if column.ratio == "speedup")
+
 # the goal for sparse top-k (issue 25): ROUGE-L within this many points of the same gate without top-k
 SPARSE_TOLERANCE_POINTS = 1.0
 SPARSE_FIELDS = ("top_k", "top_k_unit", "top_k_sink", "top_k_window")
@@ -87,8 +89,8 @@ def _last_validation_loss(run: dict) -> str:
 
 def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
     """Each top-k run against the same gate without top-k: paired ROUGE-L delta, the 1-point goal,
-    validation losses and the speed-up per summary over the dense gate (median of the rounds)."""
-    rows = []
+    validation losses and the speed-up per summary over the dense gate (median of the rounds [range])."""
+    rows, noisy = [], False
     for run in metrics.values():
         gate = run["gate"]
         dense = None if gate is None or gate.get("top_k") is None else _dense_of(gate, metrics)
@@ -99,12 +101,13 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
         )["rougeL"]
         goal = -SPARSE_TOLERANCE_POINTS
         kept = "yes" if delta["low"] >= goal else "no" if delta["high"] < goal else "inconclusive"
-        speedups = [d["seconds_per_summary"] / r["seconds_per_summary"] for r, d in _rounds(run, dense)]
+        speedup = ratio_summary(round_ratios(run["speed"], dense["speed"], SPEEDUP))
+        noisy = noisy or speedup["noisy"]
         rows.append(
             f"| {run['run']} | {gate_label(gate)} | {run['rouge']['rougeL']['mean']:.2f} | "
             f"{delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] | {kept} | "
             f"{_last_validation_loss(run)} ({_last_validation_loss(dense)}) | "
-            f"x{statistics.median(speedups):.3f} (x{min(speedups):.3f} to x{max(speedups):.3f}) |"
+            f"{ratio_cell(speedup)} |"
         )
     if not rows:
         return []
@@ -115,17 +118,15 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
         "",
         f"Goal: ROUGE-L within {SPARSE_TOLERANCE_POINTS:g} point of the dense gate: *yes* when the whole "
         f"paired {level} CI of the delta lies above -{SPARSE_TOLERANCE_POINTS:g}, *no* when it lies below, "
-        "*inconclusive* otherwise. Speed-up: dense seconds per summary / sparse, per interleaved round.",
+        "*inconclusive* otherwise. Speed-up: dense seconds per summary / sparse, per interleaved round: "
+        "the median [lowest, highest round].",
         "",
         "| run | gate | ROUGE-L | delta vs dense, points [CI] | within 1 point | validation loss (dense) "
-        "| speed-up vs dense (median, range) |",
+        "| speed-up vs dense [rounds] |",
         "|---|---|---:|---|---|---|---|",
         *rows,
+        *(["", NOISY_NOTE] if noisy else []),
     ]
-
-
-def _rounds(run: dict, other: dict) -> list[tuple[dict, dict]]:
-    return list(zip(run["speed"]["rounds"], other["speed"]["rounds"], strict=True))
 
 
 def reproduction_report(results: str | Path, command: str) -> str:
@@ -143,15 +144,17 @@ def reproduction_report(results: str | Path, command: str) -> str:
     base_rouge_l = baseline["rouge"]["rougeL"]["mean"]
     claim_points = base_rouge_l * ROUGE_L_CLAIM_PERCENT / 100
 
-    verdict_rows, rouge_verdicts, speed_verdicts = [], [], []
+    verdict_rows, rouge_verdicts, speed_verdicts, noisy = [], [], [], False
     for run in gated:
         delta, speedups = run["deltas"]["rougeL"], round_speedups(run, baseline)
+        speedup = ratio_summary(speedups)
+        noisy = noisy or speedup["noisy"]
         rouge_verdicts.append(rouge_verdict(delta, base_rouge_l))
         speed_verdicts.append(speed_verdict(speedups))
         verdict_rows.append(
             f"| {run['run']} | {delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] "
-            f"({delta['percent']:+.1f} %) | {rouge_verdicts[-1]} | x{run['speed_ratios']['speedup']:.3f} "
-            f"(rounds x{min(speedups):.3f} to x{max(speedups):.3f}) | {speed_verdicts[-1]} |"
+            f"({delta['percent']:+.1f} %) | {rouge_verdicts[-1]} | {ratio_cell(speedup)} "
+            f"| {speed_verdicts[-1]} |"
         )
     level = f"{100 * config['confidence']:g} %"
     lines = [
@@ -175,10 +178,11 @@ def reproduction_report(results: str | Path, command: str) -> str:
         f"claim). Speed: *reproduced* when every interleaved round is >= x{SPEEDUP_CLAIM} faster per "
         "summary, *not reproduced* when no round is, *inconclusive* otherwise.",
         "",
-        "| run | ROUGE-L delta, points [CI] (relative) | ROUGE-L claim | speedup (median, range) "
+        "| run | ROUGE-L delta, points [CI] (relative) | ROUGE-L claim | speedup (median [rounds]) "
         "| speed claim |",
         "|---|---|---|---|---|",
         *verdict_rows,
+        *(["", NOISY_NOTE] if noisy else []),
         "",
         "## Setup",
         "",
@@ -186,7 +190,7 @@ def reproduction_report(results: str | Path, command: str) -> str:
         "",
         "## Measured",
         "",
-        markdown_table(rows, config["confidence"]).rstrip(),
+        markdown_table(rows, config["confidence"], reference=baseline["run"]).rstrip(),
         *_validation_losses(metrics),
         *_sparse_against_dense(metrics, config),
         "",

@@ -1,21 +1,27 @@
-"""Runs vs the baseline: ROUGE deltas with paired bootstrap CIs, speed ratios, Markdown and CSV tables, the
-ROUGE plot."""
+"""Runs vs the baseline: ROUGE deltas with paired bootstrap CIs, speed ratios (`common.speed`), Markdown and
+CSV tables, the ROUGE plot."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 from ....formatting import comparison_csv, gate_label, score_with_ci, signed, table
 from ..plots import plot_scores
+from ..speed import MEMORY_RATIO, SpeedColumn, ratio_csv_fields, speed_table, stats_by_run
+from ..speed import speed_ratios as median_ratios
 from ..statistics import paired_bootstrap_delta
 from .rouge import ROUGE_TYPES
 
 # short column labels of the report's wide tables
 ROUGE_LABELS = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L", "rougeLsum": "R-Lsum"}
 
-SPEED_KEYS = ("prefill_tokens_per_s", "decode_tokens_per_s", "seconds_per_summary")
-RATIO_KEYS = ("prefill", "decode", "speedup", "peak_memory")
+SPEED_COLUMNS = (
+    SpeedColumn("prefill_tokens_per_s", "prefill", "prefill tok/s", "prefill ratio"),
+    SpeedColumn("decode_tokens_per_s", "decode", "decode tok/s", "decode ratio"),
+    SpeedColumn("seconds_per_summary", "speedup", "s/summary", "speedup (s/summary)", 3, seconds=True),
+)
+SPEED_KEYS = tuple(column.key for column in SPEED_COLUMNS)
+RATIO_KEYS = (*(column.ratio for column in SPEED_COLUMNS), MEMORY_RATIO)
 
 
 def rouge_deltas(run: dict, baseline: dict, n_bootstrap: int, confidence: float, seed: int) -> dict:
@@ -32,19 +38,9 @@ def rouge_deltas(run: dict, baseline: dict, n_bootstrap: int, confidence: float,
 
 
 def speed_ratios(run: dict, baseline: dict) -> dict:
-    """Medians over the interleaved rounds of run / baseline throughput (> 1: the run is faster), and of
-    baseline / run seconds per summary (`speedup`, > 1: the run is faster)."""
-    pairs = list(zip(run["rounds"], baseline["rounds"], strict=True))
-    return {
-        "prefill": statistics.median(r["prefill_tokens_per_s"] / b["prefill_tokens_per_s"] for r, b in pairs),
-        "decode": statistics.median(r["decode_tokens_per_s"] / b["decode_tokens_per_s"] for r, b in pairs),
-        "speedup": statistics.median(b["seconds_per_summary"] / r["seconds_per_summary"] for r, b in pairs),
-        "peak_memory": run["peak_memory_mb"] / baseline["peak_memory_mb"],
-    }
-
-
-def _ratio(value: float) -> str:
-    return f"x{value:.3f} ({100 * (value - 1):+.1f} %)"
+    """Medians over the interleaved rounds of run / baseline throughput (> 1: the run is faster), of
+    baseline / run seconds per summary (`speedup`, > 1: the run is faster), and the peak-memory ratio."""
+    return median_ratios(run, baseline, SPEED_COLUMNS)
 
 
 def _delta_cell(delta: dict) -> str:
@@ -52,29 +48,19 @@ def _delta_cell(delta: dict) -> str:
     return f"{signed(delta['delta'])} {interval} ({signed(delta['percent'], 1)} %)"
 
 
-def _speed_cells(row: dict) -> list[str]:
-    speed, ratios = row["speed"], row.get("speed_ratios")
-    cells = [
-        f"{speed['prefill_tokens_per_s']:.1f}",
-        f"{speed['decode_tokens_per_s']:.1f}",
-        f"{speed['seconds_per_summary']:.3f}",
-        f"{speed['peak_memory_mb']:.1f}",
-    ]
-    return cells + ([_ratio(ratios[key]) for key in RATIO_KEYS] if ratios else ["-"] * len(RATIO_KEYS))
-
-
 def markdown_table(
     rows: list[dict],
     confidence: float,
     *,
-    reference: str = "baseline",
+    reference: str | None = "baseline",
     speed_reference: str | None = None,
     extra_columns: tuple[str, ...] = (),
 ) -> str:
     """Markdown tables of `comparison_rows`: ROUGE with CIs, deltas vs the baseline, speed and its ratios.
 
-    `reference` and `speed_reference` (default: `reference`) name, in the captions, what the rows' `deltas`
-    and `speed_ratios` compare against; `extra_columns` are row keys shown after the gate column."""
+    `reference` names, in the captions, what the rows' `deltas` compare against; `speed_reference` (default:
+    `reference`) is the run the speed ratios compare against (no row of that name: no ratios);
+    `extra_columns` are row keys shown after the gate column."""
     level = f"{100 * confidence:g} %"
     labels = [ROUGE_LABELS[t] for t in ROUGE_TYPES]
     lines = [f"ROUGE F1 x100 on the test split, mean [{level} bootstrap CI]", ""]
@@ -96,25 +82,24 @@ def markdown_table(
         lines += ["", caption, ""]
         delta_rows = [[row["run"]] + [_delta_cell(row["deltas"][t]) for t in ROUGE_TYPES] for row in gated]
         lines.append(table(["run", *labels], delta_rows))
-    new_tokens = rows[0]["speed"]["new_tokens"]
-    lines += [
-        "",
-        f"Inference speed (batch 1, summaries of {new_tokens} tokens, medians of interleaved rounds); "
-        f"ratios vs {speed_reference or reference}: > 1 is faster (memory: > 1 uses more)",
-        "",
-    ]
-    header = ["run", "prefill tok/s", "decode tok/s", "s/summary", "peak MiB"]
-    header += ["prefill ratio", "decode ratio", "speedup (s/summary)", "memory ratio"]
-    lines.append(table(header, [[row["run"], *_speed_cells(row)] for row in rows]))
+    caption = (
+        f"Inference speed (batch 1, summaries of {rows[0]['speed']['new_tokens']} tokens, interleaved rounds)"
+    )
+    lines += ["", *speed_table(rows, speed_reference or reference, SPEED_COLUMNS, caption)]
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: list[dict], extra_columns: tuple[str, ...] = ()) -> str:
+def csv_table(
+    rows: list[dict], extra_columns: tuple[str, ...] = (), *, speed_reference: str | None = "baseline"
+) -> str:
     """One CSV row per run with every number of the comparison in its own column (`extra_columns`: row keys
-    added after the gate)."""
+    added after the gate): each run's own speed medians, and the ratios vs the row named `speed_reference`
+    with their range over the rounds and noisy flag (`common.speed`)."""
     deltas = {"points": "delta", "low": "low", "high": "high", "percent": "percent", "p_value": "p_value"}
     speed = (*SPEED_KEYS, "peak_memory_mb")
-    return comparison_csv(rows, "rouge", ROUGE_TYPES, deltas, speed, RATIO_KEYS, extra_columns)
+    stats = stats_by_run(rows, speed_reference, SPEED_COLUMNS)
+    ratios = {row["run"]: ratio_csv_fields(stats.get(row["run"]), RATIO_KEYS) for row in rows}
+    return comparison_csv(rows, "rouge", ROUGE_TYPES, deltas, speed, ratios, extra_columns)
 
 
 def plot_rouge(rouge: dict[str, dict], confidence: float, path: Path) -> None:

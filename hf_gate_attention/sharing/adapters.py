@@ -10,7 +10,7 @@ An adapter folder holds, in PEFT's layout (a JSON config beside safetensors weig
 
 PEFT cannot load the gates itself: `peft.register_peft_method` only accepts names of its closed `PeftType`
 enum, and a `PeftModel` refuses adapters of different types side by side (a gate type next to LoRA); see
-the README, "Gate-only adapters".
+docs/sharing.md, "Gate-only adapters".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The package's rooms and the direction of their imports (see the README's architecture section).
+"""The package's rooms and the direction of their imports (see docs/architecture.md).
 
 Imports, at module level and inside functions, flow one way: core -> kernels -> sharing -> recipes ->
 cli/demo, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and the small

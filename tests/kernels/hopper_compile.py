@@ -14,7 +14,7 @@ compiled twice, as Triton's JIT specialises a launch:
   accesses but a headwise gate's one logit per row, and no register spills (ptxas's report); checked for
   decode's tile in bfloat16 (one query, 4 heads per group), the merge and the gate pass. The decode kernel's
   largest tile (16 queries) and float32 are compiled and their registers and spills printed, not checked:
-  they spill (README). A GPU measures the speed; this catches code shapes that would cap it.
+  they spill (docs/backends.md). A GPU measures the speed; this catches code shapes that would cap it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,552 @@
+"""The README and the pages of docs/ say what the repository holds: their links lead to files and headings
+that exist, the paths they name exist, the numbers they quote from committed results are those of the results
+files (read here, never written twice), the durations of `make` targets are the Makefile's, the module tree of
+docs/architecture.md is the package's, and the README's set-up commands are `make demo` and `make test`."""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+README = REPO / "README.md"
+DOCS = [README, *sorted((REPO / "docs").glob("*.md"))]
+PACKAGE = REPO / "hf_gate_attention"
+RESULTS = REPO / "results"
+BENCHMARKS = REPO / "benchmarks" / "results"
+FENCE = re.compile(r"^```.*?^```[ \t]*$", flags=re.MULTILINE | re.DOTALL)
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks."""
+    return FENCE.sub("", text)
+
+
+def flat(text: str) -> str:
+    """Whitespace runs as one space, so that a quoted phrase may wrap across lines."""
+    return " ".join(text.split())
+
+
+def ids(paths):
+    return [str(p.relative_to(REPO)) for p in paths]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# links and paths
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", prose(text), flags=re.MULTILINE):
+        anchor = github_anchor(heading)
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        found.add(anchor if count == 0 else f"{anchor}-{count}")
+    return found
+
+
+def relative_links(text: str) -> list[str]:
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", prose(text))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]  # not http:, https:, mailto:
+
+
+def broken_links(doc: Path) -> list[str]:
+    broken = []
+    for target in relative_links(read(doc)):
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and (file.suffix != ".md" or anchor not in anchors(read(file))):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def test_github_anchors():
+    assert github_anchor('Why `init="identity"` is the default') == "why-initidentity-is-the-default"
+    assert (
+        github_anchor("Dropped units (`top_k_sink`, `top_k_window`)")
+        == "dropped-units-top_k_sink-top_k_window"
+    )
+    assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
+
+
+def test_broken_links_are_found(tmp_path):
+    (tmp_path / "other.md").write_text("# Title\n", encoding="utf-8")
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "[ok](other.md#title) [gone](missing.md) [bad](other.md#nope) [self](#here) [web](https://x.org/a.md)\n"
+        "## Here\n```\n[in code](missing-too.md)\n```\n",
+        encoding="utf-8",
+    )
+    assert broken_links(doc) == ["missing.md: no such file", "other.md#nope: no such heading"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=ids(DOCS))
+def test_relative_links_lead_to_files_and_headings(doc):
+    assert relative_links(read(doc)), "every page links to the others"
+    assert broken_links(doc) == []
+
+
+REPO_PATH = re.compile(
+    r"`((?:\.ci|benchmarks|docs|hf_gate_attention|model_cards|recipes|results|tests)/[\w./-]*)`"
+)
+FILE_TYPES = {"", ".py", ".md", ".yaml", ".json", ".csv", ".png", ".sh", ".log", ".txt"}
+MADE_BY_COMMANDS = {"results/demo/"}  # written by `make demo`, not committed
+
+
+def named_paths(text: str) -> set[str]:
+    """Paths from the repository's root in code spans (`tests/core/test_sparse.py`, `results/reproduce/`);
+    not `tests/helpers.VARIANTS` (a name in a module)."""
+    return {
+        path
+        for path in REPO_PATH.findall(text)
+        if path not in MADE_BY_COMMANDS and (path.endswith("/") or Path(path).suffix in FILE_TYPES)
+    }
+
+
+def test_named_paths():
+    text = "`tests/helpers.py`, `tests/helpers.VARIANTS`, `results/demo/`, `docs/`, `core/sparse.py`"
+    assert named_paths(text) == {"tests/helpers.py", "docs/"}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=ids(DOCS))
+def test_the_repository_paths_named_in_code_spans_exist(doc):
+    assert sorted(p for p in named_paths(read(doc)) if not (REPO / p).exists()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Markdown tables of the committed results
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def tables(text: str) -> list[list[dict[str, str]]]:
+    found, block = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if len(block) >= 2:
+            header = cells(block[0])
+            found.append([dict(zip(header, cells(row), strict=True)) for row in block[2:]])
+        block = []
+    return found
+
+
+def table(path: Path, *columns: str, nth: int = 0) -> dict[str, dict[str, str]]:
+    """The table of `path` with these columns (the `nth` such table), by its first column."""
+    found = [rows for rows in tables(read(path)) if rows and all(c in rows[0] for c in columns)]
+    assert len(found) > nth, f"{path.relative_to(REPO)} has no table {nth} with the columns {columns}"
+    key = next(iter(found[nth][0]))
+    return {row[key]: row for row in found[nth]}
+
+
+def lead(cell: str) -> str:
+    """`-0.31 [-1.70, +0.95] (-1.4 %)` -> `-0.31 [-1.70, +0.95]`; `x0.947 (rounds ...)` -> `x0.947`."""
+    return re.match(r"\S+(?: \[[^\]]+\])?", cell).group(0)
+
+
+def first(cell: str) -> str:
+    return cell.split()[0]
+
+
+def ratio(cell: str) -> Decimal:
+    return Decimal(re.match(r"x(\d+\.\d+)", cell).group(1))
+
+
+def x2(value) -> str:
+    """A ratio as the pages quote it: `x` and two decimals, rounded half up."""
+    return "x" + str(Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
+
+
+def quoted(path: Path, phrase: str) -> None:
+    assert flat(phrase) in flat(read(path)), f"{path.relative_to(REPO)} does not say: {phrase}"
+
+
+def test_tables_are_read_by_their_columns():
+    [rows] = tables("| a | b \\| c |\n|---|---|\n| 1 | x0.5 (y) |\n")
+    assert rows == [{"a": "1", "b | c": "x0.5 (y)"}]
+    assert lead("-0.31 [-1.70, +0.95] (-1.4 %)") == "-0.31 [-1.70, +0.95]"
+    assert (x2("1.065"), x2("0.964")) == ("x1.07", "x0.96")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# numbers quoted from results/ and benchmarks/results/
+
+REPRODUCTION = RESULTS / "REPRODUCTION.md"
+
+
+def reproduction():
+    verdicts = table(REPRODUCTION, "run", "ROUGE-L claim", "speed claim")
+    dense = [run for run in verdicts if "top" not in run]
+    return verdicts, dense
+
+
+def test_the_reproduction_verdicts_as_quoted():
+    verdicts, dense = reproduction()
+    assert len(dense) == 3
+    baseline = first(table(REPRODUCTION, "run", "R-L")["baseline"]["R-L"])
+    claimed = re.search(r"the claimed gain is (\+\d+\.\d+) points", read(REPRODUCTION)).group(1)
+    deltas = [first(verdicts[run]["ROUGE-L delta, points [CI] (relative)"]) for run in dense]
+    phrase = (
+        f"ROUGE-L deltas {deltas[0]}, {deltas[1]} and {deltas[2]} points against the baseline's {baseline}"
+    )
+    speeds = [first(verdicts[run]["speedup (median, range)"]) for run in dense]
+    speed = f"speed per summary {speeds[0]}, {speeds[1]} and {speeds[2]} the baseline's"
+    for doc in (README, REPO / "docs" / "recipes.md"):
+        quoted(doc, phrase)
+        quoted(doc, f"the claimed {claimed}")
+        quoted(doc, speed)
+    for run in dense:  # "inconclusive ... every CI holds both 0 and the claimed gain"; "not reproduced"
+        assert verdicts[run]["ROUGE-L claim"] == "inconclusive"
+        assert verdicts[run]["speed claim"] == "not reproduced"
+        low, high = map(
+            Decimal, re.findall(r"[+-]\d+\.\d+", verdicts[run]["ROUGE-L delta, points [CI] (relative)"])[1:3]
+        )
+        assert low <= 0 <= high and low <= Decimal(claimed) <= high
+
+
+def test_the_sparse_runs_as_quoted():
+    verdicts, _ = reproduction()
+    against_dense = table(REPRODUCTION, "run", "delta vs dense, points [CI]")
+    measured = table(REPRODUCTION, "run", "R-L")
+    losses = table(REPRODUCTION, "run", "validation loss")
+
+    def run(k, reads):
+        return f"output-headwise-top{k}-kvgroup" + ("-sink4-window64" if reads else "")
+
+    def delta(k, reads):
+        return lead(against_dense[run(k, reads)]["delta vs dense, points [CI]"])
+
+    def rouge_l(name):
+        return first(measured[name]["R-L"])
+
+    def loss(name):
+        return losses[name]["validation loss"]
+
+    quoted(
+        README,
+        f"costs {first(delta(1, False))} (keeping 1 of 3) and {first(delta(2, False))} (2 of 3) "
+        "ROUGE-L points; "
+        f"letting them read 4 sink + 64 recent keys instead, {delta(1, True)} and {delta(2, True)}, at "
+        f"{first(verdicts[run(1, True)]['speedup (median, range)'])} and "
+        f"{first(verdicts[run(2, True)]['speedup (median, range)'])} the baseline's speed per summary",
+    )
+    sparse = REPO / "docs" / "sparse.md"
+    quoted(sparse, f"fell from {rouge_l('output-headwise')} to {rouge_l(run(2, False))} ROUGE-L")
+    quoted(sparse, f"against the dense headwise gate's {rouge_l('output-headwise')}")
+    quoted(
+        sparse,
+        f"keeping 2 of 3, {rouge_l(run(2, True))}, delta {delta(2, True)} "
+        f"(zeroing: {rouge_l(run(2, False))}), validation loss {loss(run(2, True))} "
+        f"(dense {loss('output-headwise')}, zeroing {loss(run(2, False))}); "
+        f"keeping 1 of 3, {rouge_l(run(1, True))}, delta {delta(1, True)} "
+        f"(zeroing: {rouge_l(run(1, False))}), validation loss {loss(run(1, True))}.",
+    )
+    speeds = sorted(ratio(verdicts[run(k, True)]["speedup (median, range)"]) for k in (1, 2))
+    quoted(sparse, f"both runs are {x2(speeds[0])}-{x2(speeds[1])[1:]} the baseline's speed")
+
+
+def test_the_diagnostics_as_quoted():
+    rows = table(RESULTS / "diagnostics" / "DIAGNOSTICS.md", "model", "first-token attn")
+    fine_tuned = sorted(rows[m]["first-token attn"] for m in rows if m != "pretrained" and "top" not in m)
+    assert len(fine_tuned) == 4  # the baseline and the three dense gates
+    quoted(
+        README,
+        f"first-token attention {rows['pretrained']['first-token attn']} in the pretrained model and "
+        f"{fine_tuned[0]} to {fine_tuned[-1]} in the fine-tuned ones",
+    )
+
+
+def test_the_study_as_quoted():
+    rows = table(RESULTS / "STUDY.md", "run", "test loss", "max |h|")
+    baseline, gated = rows["baseline"], rows["output-elementwise"]
+    assert baseline["seeds"] == gated["seeds"] == "3"
+    quoted(
+        README,
+        f"lowers the test loss from {baseline['test loss']} to {gated['test loss']} and the max "
+        f"|hidden state| from {first(baseline['max |h|'])} to {first(gated['max |h|'])} (3 seeds)",
+    )
+
+    def whole(cell):
+        return Decimal(first(cell)).quantize(Decimal("1"), rounding=ROUND_HALF_UP)
+
+    quoted(
+        REPO / "docs" / "recipes.md",
+        f"lowers the test loss from {baseline['test loss']} to {gated['test loss']} "
+        f"(3 seeds, 95 % t-intervals; perplexity {whole(baseline['test ppl'])} -> "
+        f"{whole(gated['test ppl'])}) and the max |hidden state| from {whole(baseline['max |h|'])} to "
+        f"{whole(gated['max |h|'])}",
+    )
+
+
+def classification(name: str) -> dict[str, str]:
+    path = RESULTS / name / "comparison.md"
+    quality = table(path, "run", "accuracy", "macro-F1")
+    return {
+        "examples": re.search(r"(\d+) examples", read(path)).group(1),
+        "baseline": first(quality["baseline"]["accuracy"]),
+        "gated": first(quality["output-headwise"]["accuracy"]),
+        "delta": lead(table(path, "run", "accuracy", nth=1)["output-headwise"]["accuracy"]),
+        "throughput": first(table(path, "run", "throughput ratio")["output-headwise"]["throughput ratio"]),
+    }
+
+
+def test_the_classification_results_as_quoted():
+    text, image = classification("classify-text"), classification("classify-image")
+    quoted(
+        README,
+        f"BBC News accuracy {text['baseline']} % ungated and {text['gated']} % gated "
+        f"({first(text['delta'])}, the same predictions), MNIST {image['baseline']} % and "
+        f"{image['gated']} % ({image['delta']})",
+    )
+    assert text["delta"] == "+0.00 [+0.00, +0.00]"  # "the same predictions"
+    rows = table(REPO / "docs" / "recipes.md", "task (test examples)", "baseline", "gated")
+    for task, result in (("BBC News accuracy", text), ("MNIST accuracy", image)):
+        [row] = [r for name, r in rows.items() if name.startswith(task)]
+        assert row["task (test examples)"].startswith(f"{task} ({result['examples']}")
+        assert (row["baseline"], row["gated"]) == (f"{result['baseline']} %", f"{result['gated']} %")
+        assert row["delta [95 % paired CI]"].startswith(result["delta"])
+        assert row["throughput ratio (rounds)"].startswith(result["throughput"])
+
+
+def test_the_distillation_as_quoted():
+    path = RESULTS / "DISTILLATION.md"
+    questions = table(path, "pair", "ROUGE-L delta, points [CI]", "verdict")
+    kd, gate = (questions[q] for q in questions)
+    assert kd["verdict"] == gate["verdict"] == "inconclusive"
+    quoted(
+        README,
+        f"logit KD {kd['ROUGE-L delta, points [CI]']} ROUGE-L points, gate matching on top of it "
+        f"{gate['ROUGE-L delta, points [CI]']}: both inconclusive",
+    )
+    measured = table(path, "run", "alpha_kd", "R-L")
+    deltas = table(path, "run", "R-L", "R-Lsum", nth=1)
+    speeds = table(path, "run", "speedup (s/summary)")
+    rows = table(REPO / "docs" / "recipes.md", "student", "ROUGE-L")
+    assert set(rows) == {*measured} - {"teacher"} | {"teacher (30 layers)"}
+    for name, row in rows.items():
+        run = name.split()[0]
+        assert row["ROUGE-L"] == measured[run]["R-L"]
+        if run != "student-alone":
+            assert row["delta vs student-alone [95 % paired CI]"].startswith(lead(deltas[run]["R-L"]))
+        speed = row["speedup over the teacher (rounds)"]
+        assert (
+            speed == "-"
+            if run == "teacher"
+            else speed.startswith(x2(ratio(speeds[run]["speedup (s/summary)"])))
+        )
+
+
+def bench(name: str) -> dict[tuple[str, str, str], dict[str, str]]:
+    """A committed `benchmarks/decode.py` table by (phase, tokens, case)."""
+    [rows] = [r for r in tables(read(BENCHMARKS / name)) if r and "speed-up" in r[0]]
+    return {(r["phase"], r["tokens"], r["case"]): r for r in rows}
+
+
+def speedup(rows, phase, tokens, case) -> str:
+    return x2(rows[(phase, tokens, case)]["speed-up"][1:])
+
+
+def time_ratio(rows, phase, tokens, case) -> str:
+    return x2(ratio(rows[(phase, tokens, case)]["time ratio vs ungated (median, range of rounds)"]))
+
+
+def test_the_cpu_benchmarks_as_quoted():
+    sparse, backends = REPO / "docs" / "sparse.md", REPO / "docs" / "backends.md"
+    decode = bench("decode.md")
+    static, dynamic = "decode (static cache)", "decode (dynamic cache)"
+    top1, top2 = "top-1 of 3 kv groups", "top-2 of 3 kv groups"
+    quoted(
+        sparse,
+        f"keeping 1 of 3 groups, decode {speedup(decode, static, '8,192', top1)} faster than ungated at 8k "
+        f"context and {speedup(decode, static, '4,096', top1)} at 4k with a static cache, "
+        f"{speedup(decode, dynamic, '8,192', top1)} and {speedup(decode, dynamic, '4,096', top1)} with the "
+        f"default dynamic cache",
+    )
+    quoted(
+        sparse,
+        f"the 2k prefill {speedup(decode, 'prefill', '2,048', top1)} faster (top-1) to "
+        f"{speedup(decode, 'prefill', '2,048', top2)} (top-2",
+    )
+
+    def at_decode(gate):
+        found = sorted(
+            ratio(row["time ratio vs ungated (median, range of rounds)"])
+            for (phase, _, case), row in decode.items()
+            if phase.startswith("decode") and case == gate
+        )
+        return f"{x2(found[0])} to {x2(found[-1])}"
+
+    head, elem = "output/headwise", "output/elementwise"
+    quoted(
+        backends,
+        f"{head} {at_decode(head)} of the ungated time at decode (1k/4k/8k, dynamic and static cache), "
+        f"{time_ratio(decode, 'prefill', '2,048', head)} at the 2k prefill, "
+        f"{time_ratio(decode, 'train', '512', head)} for a 512-token training step; "
+        f"{elem} {at_decode(elem)}, "
+        f"{time_ratio(decode, 'prefill', '2,048', elem)}, {time_ratio(decode, 'train', '512', elem)}.",
+    )
+
+    prefill_train = bench("sparse_prefill_train.md")
+    quoted(
+        sparse,
+        f"the 2k prefill is {speedup(prefill_train, 'prefill', '2,048', top1)} faster (top-1) and "
+        f"{speedup(prefill_train, 'prefill', '2,048', top2)} (top-2), and a 1k training step "
+        f"{speedup(prefill_train, 'train', '1,024', top1)} and "
+        f"{speedup(prefill_train, 'train', '1,024', top2)}",
+    )
+    reads1, reads2 = "top-1 of 3, sink 4 + window 64", "top-2 of 3, sink 4 + window 64"
+    quoted(
+        sparse,
+        f"a 2k prefill takes {time_ratio(prefill_train, 'prefill', '2,048', reads1)} (keeping 1 of 3) and "
+        f"{time_ratio(prefill_train, 'prefill', '2,048', reads2)} (2 of 3) the ungated time, "
+        f"and one 1k-token training step {time_ratio(prefill_train, 'train', '1,024', reads1)} and "
+        f"{time_ratio(prefill_train, 'train', '1,024', reads2)}",
+    )
+
+    reads = bench("decode_sink_window.md")
+    keeping2 = sorted(
+        Decimal(r["speed-up"][1:])
+        for (phase, _, case), r in reads.items()
+        if phase == static and case == reads2
+    )
+    quoted(
+        sparse,
+        "Decode keeping 1 of 3 at 8k tokens is "
+        f"{speedup(reads, static, '8,192', reads1)} faster than ungated "
+        f"({speedup(reads, static, '8,192', top1)} when dropping to 0), at 4k "
+        f"{speedup(reads, static, '4,096', reads1)} ({speedup(reads, static, '4,096', top1)}), at 1k "
+        f"{speedup(reads, static, '1,024', reads1)} ({speedup(reads, static, '1,024', top1)}); "
+        f"keeping 2 of 3 is slower everywhere ({x2(keeping2[0])} to {x2(keeping2[-1])})",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# make targets and their durations
+
+DURATION = r"(?:<= |~|about )?\d+(?:\.\d+)?(?:-\d+)? (?:h|min)\b"
+
+
+def makefile_durations(text: str | None = None) -> dict[str, str | None]:
+    """Each target and the first duration in the comment block right above it (None without one)."""
+    durations, comment = {}, ""
+    for line in (read(REPO / "Makefile") if text is None else text).splitlines():
+        if line.startswith("#"):
+            comment += " " + line
+            continue
+        target = re.match(r"^([a-z][\w-]*):", line)
+        if target:
+            found = re.search(DURATION, comment)
+            durations[target.group(1)] = found.group(0) if found else None
+        comment = ""
+    return durations
+
+
+def test_makefile_durations_are_read_from_the_comments():
+    text = "# A demo, <= 20 min\n# (~4 h is not it)\ndemo: install\n\tcmd\n\nlint: install\n# x\n\nclean:\n"
+    assert makefile_durations(text) == {"demo": "<= 20 min", "lint": None, "clean": None}
+    durations = makefile_durations()
+    assert all(re.fullmatch(DURATION, durations[t]) for t in ("demo", "test", "test-fast", "reproduce"))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=ids(DOCS))
+def test_make_targets_exist_and_their_durations_are_the_makefiles(doc):
+    durations = makefile_durations()
+    text = flat(read(doc))
+    for target in re.findall(r"`make ([\w-]+)`", text) + re.findall(
+        r"^make ([\w-]+)", read(doc), re.MULTILINE
+    ):
+        assert target in durations, f"make {target}: no such target"
+    for target, duration in re.findall(rf"`make ([\w-]+)` \(({DURATION})", text):
+        assert duration == durations[target], (
+            f"make {target}: {duration} here, {durations[target]} in the Makefile"
+        )
+
+
+def test_the_readme_quotes_the_durations_of_the_main_targets():
+    durations = makefile_durations()
+    text = flat(read(README))
+    quoted_targets = set(re.findall(rf"`make ([\w-]+)` \({DURATION}", text))
+    assert {"test", "test-fast", "reproduce", "study", "distill", "diagnose"} <= quoted_targets
+    for line in setup_block():  # the set-up commands' comments
+        target = line.split()[1]
+        assert f"({durations[target]}" in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------
+# set-up commands
+
+
+def setup_block() -> list[str]:
+    section = read(README).split("\n## Set up\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```bash\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_set_up_commands_are_make_demo_and_make_test():
+    commands = [line.split("#", 1)[0].strip() for line in setup_block()]
+    assert commands == ["make demo", "make test"]
+    assert "\nmake test\n" in read(REPO / ".ci" / "run")  # what CI runs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the module tree of docs/architecture.md
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def tree_paths(text: str) -> list[str]:
+    """The paths of the tree block that starts with `hf_gate_attention/`: an entry is a name at an indent of
+    two spaces per level (a folder ends with `/`), followed by two spaces and its role, or by nothing."""
+    block = re.search(r"^```\n(hf_gate_attention/\n.*?)^```", text, flags=re.MULTILINE | re.DOTALL).group(1)
+    stack, paths = [], []
+    for line in block.splitlines():
+        entry = re.match(r"^( *)([\w.-]+(?:/|\.\w+))(?:  |$)", line)
+        if not entry:
+            continue
+        indent = len(entry.group(1))
+        if indent > 2 * len(stack):  # a continuation of the role above, indented to its column
+            continue
+        assert indent % 2 == 0, line
+        del stack[indent // 2 :]
+        paths.append("".join(stack) + entry.group(2))
+        if entry.group(2).endswith("/"):
+            stack.append(entry.group(2))
+    return paths
+
+
+def test_the_tree_is_read_by_its_indents():
+    text = "```\nhf_gate_attention/\n  a.py    role\n          wrapped.py role\n  sub/    x\n"
+    text += "    b.py  y\n  c.py\n```\n"
+    assert tree_paths(text) == [
+        "hf_gate_attention/",
+        "hf_gate_attention/a.py",
+        "hf_gate_attention/sub/",
+        "hf_gate_attention/sub/b.py",
+        "hf_gate_attention/c.py",
+    ]
+
+
+def test_the_architecture_tree_lists_every_module_and_nothing_else():
+    listed = tree_paths(read(ARCHITECTURE))
+    assert len(listed) == len(set(listed)), "listed twice"
+    missing_on_disk = [p for p in listed if not (REPO / p).exists()]
+    assert missing_on_disk == []
+    modules = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")}
+    assert modules - set(listed) == set(), "modules the tree does not list"

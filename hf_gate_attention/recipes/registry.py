@@ -63,6 +63,11 @@ RECIPES = {
                     "summarization.recreate:main",
                     "retrain the runs whose final weights are missing (checked against the saved loss curve)",
                 ),
+                Action(
+                    "tables",
+                    "summarization.cli:tables",
+                    "rewrite comparison.md/.csv from a results folder's comparison.json (no retraining)",
+                ),
             ),
             card="summarization.card:describe",
         ),
@@ -70,6 +75,13 @@ RECIPES = {
             "classification",
             "fine-tune and compare ungated and gated text (BERT) or image (ViT) classifiers",
             "classification.cli:main",
+            (
+                Action(
+                    "tables",
+                    "classification.cli:tables",
+                    "rewrite comparison.md/.csv from a results folder's comparison.json (no retraining)",
+                ),
+            ),
         ),
         Recipe(
             "distillation",
@@ -80,6 +92,11 @@ RECIPES = {
                     "report",
                     "distillation.report:main",
                     "write DISTILLATION.md (verdicts per question) from a results folder",
+                ),
+                Action(
+                    "tables",
+                    "distillation.cli:tables",
+                    "rewrite comparison.md/.csv from a results folder's comparison.json (no retraining)",
                 ),
             ),
         ),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from ..common.reports import tables_main
 from ..common.runner import recipe_main
-from .compare import run_classification
+from .compare import run_classification, write_tables
 from .config import ClassificationConfig
 
 PROG = "hf-gate-attention recipe classification"
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None, prog: str = PROG, epilog: str = "") -> i
         report=_report,
         epilog=epilog,
     )
+
+
+def tables(argv: list[str] | None = None, prog: str = f"{PROG} tables") -> int:
+    """`comparison.md` and `comparison.csv` of a results folder rewritten from its `comparison.json` by the
+    run's own writer (`compare.write_tables`), without training or timing again."""
+    return tables_main(argv, prog, "classification", ClassificationConfig, write_tables)
 
 
 if __name__ == "__main__":

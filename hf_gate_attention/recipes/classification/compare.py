@@ -134,6 +134,17 @@ def comparison_rows(
     return rows
 
 
+def write_tables(folder: Path, config: ClassificationConfig, rows: list[dict]) -> None:
+    """`comparison.md` and `comparison.csv` of `rows` in `folder`: quality, deltas and throughput ratios vs
+    the baseline. Written by `write_results`, and from a saved comparison.json by the recipe's `tables`
+    action."""
+    reference = config.baseline.name if config.baseline else None
+    markdown = markdown_table(rows, config.confidence, reference)
+    csv = csv_table(rows, reference)
+    atomic_write_text(folder / "comparison.md", markdown)
+    atomic_write_text(folder / "comparison.csv", csv)
+
+
 def write_results(
     config, data: ClassificationData, rows: list[dict], trainings: dict, predictions: dict
 ) -> None:
@@ -144,9 +155,7 @@ def write_results(
         confusion = confusion_matrix(labels, predictions[row["run"]], len(data.label_names))
         metrics = row | {"training": trainings[row["run"]], "confusion_matrix": confusion}
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
-    reference = config.baseline.name if config.baseline else None
-    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence, reference))
-    atomic_write_text(out / "comparison.csv", csv_table(rows, reference))
+    write_tables(out, config, rows)
     sizes = {split: len(rows_) for split, rows_ in data.splits.items()}
     summary = {
         "modality": data.modality,

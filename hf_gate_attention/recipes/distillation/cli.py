@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from ..common.reports import tables_main
 from ..common.runner import recipe_main
-from .compare import run_distillation
+from .compare import run_distillation, write_tables
 from .config import DistillationConfig
 
 PROG = "hf-gate-attention recipe distillation"
@@ -32,6 +33,12 @@ def main(argv: list[str] | None = None, prog: str = PROG, epilog: str = "") -> i
         report=_report,
         epilog=epilog,
     )
+
+
+def tables(argv: list[str] | None = None, prog: str = f"{PROG} tables") -> int:
+    """`comparison.md` and `comparison.csv` of a results folder rewritten from its `comparison.json` by the
+    run's own writer (`compare.write_tables`), without training or timing again."""
+    return tables_main(argv, prog, "distillation", DistillationConfig, write_tables)
 
 
 if __name__ == "__main__":

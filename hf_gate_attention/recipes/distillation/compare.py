@@ -99,19 +99,31 @@ def comparison_tables(rows: list[dict], confidence: float, reference: str) -> st
     )
 
 
+def deltas_reference(config: DistillationConfig) -> str:
+    """The row the ROUGE deltas are taken against: the student trained alone (`"-"`: none)."""
+    return config.baseline.name if config.baseline else "-"
+
+
+def write_tables(folder: Path, config: DistillationConfig, rows: list[dict]) -> None:
+    """`comparison.md` (`comparison_tables`) and `comparison.csv` of `rows` in `folder`. Written by
+    `write_results`, and from a saved comparison.json by the recipe's `tables` action."""
+    markdown = comparison_tables(rows, config.confidence, deltas_reference(config))
+    csv = csv_table(rows, EXTRA_COLUMNS, speed_reference=TEACHER_ROW)
+    atomic_write_text(folder / "comparison.md", markdown)
+    atomic_write_text(folder / "comparison.csv", csv)
+
+
 def write_results(config: DistillationConfig, rows: list[dict], trainings: dict, quality: dict, setup: dict):
     """Per-run metrics.json, comparison.md/.csv/.json and the plots (loss curves: the task loss)."""
     out = config.run_dir
-    reference = config.baseline.name if config.baseline else "-"
     for row in rows:
         metrics = row | {
             "training": trainings.get(row["run"]),
             "quality": {k: v for k, v in quality[row["run"]].items() if k != "predictions"},
         }
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
-    atomic_write_text(out / "comparison.md", comparison_tables(rows, config.confidence, reference))
-    atomic_write_text(out / "comparison.csv", csv_table(rows, EXTRA_COLUMNS, speed_reference=TEACHER_ROW))
-    comparison = {"config": config.to_dict(), **setup, "reference": reference, "runs": rows}
+    write_tables(out, config, rows)
+    comparison = {"config": config.to_dict(), **setup, "reference": deltas_reference(config), "runs": rows}
     atomic_write_json(out / "comparison.json", comparison)
     task_losses = {
         name: [{**h, "loss": h["task_loss"]} if "task_loss" in h else h for h in t["log_history"]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from ..common.reports import report_main
+from ..common.reports import report_main, tables_main
 from ..common.runner import recipe_main
-from .compare import run_comparison
+from .compare import run_comparison, write_tables
 from .config import RecipeConfig
 from .reproduction import reproduction_report
 
@@ -43,6 +43,12 @@ def reproduction_main(argv: list[str] | None = None, prog: str | None = None) ->
         "results/REPRODUCTION.md",
         prog,
     )
+
+
+def tables(argv: list[str] | None = None, prog: str = f"{PROG} tables") -> int:
+    """`comparison.md` and `comparison.csv` of a results folder rewritten from its `comparison.json` by the
+    run's own writer (`compare.write_tables`), without training or timing again."""
+    return tables_main(argv, prog, "summarization", RecipeConfig, write_tables)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,16 @@ def comparison_rows(config: RecipeConfig, trainings: dict, quality: dict, speed:
     return rows
 
 
+def write_tables(folder: Path, config: RecipeConfig, rows: list[dict]) -> None:
+    """`comparison.md` and `comparison.csv` of `rows` in `folder`: ROUGE, deltas and speed ratios vs the
+    baseline. Written by `write_results`, and from a saved comparison.json by the recipe's `tables` action."""
+    reference = config.baseline.name if config.baseline else None
+    markdown = markdown_table(rows, config.confidence, reference=reference)
+    csv = csv_table(rows, speed_reference=reference)
+    atomic_write_text(folder / "comparison.md", markdown)
+    atomic_write_text(folder / "comparison.csv", csv)
+
+
 def write_results(config: RecipeConfig, rows: list[dict], trainings: dict, quality: dict, data) -> None:
     """Per-run metrics.json, comparison.md/.csv/.json and the plots."""
     out = config.run_dir
@@ -69,9 +79,7 @@ def write_results(config: RecipeConfig, rows: list[dict], trainings: dict, quali
             "skipped_examples": data.num_skipped,
         }
         atomic_write_json(out / row["run"] / "metrics.json", metrics)
-    reference = config.baseline.name if config.baseline else None
-    atomic_write_text(out / "comparison.md", markdown_table(rows, config.confidence, reference=reference))
-    atomic_write_text(out / "comparison.csv", csv_table(rows, speed_reference=reference))
+    write_tables(out, config, rows)
     atomic_write_json(
         out / "comparison.json",
         {"config": config.to_dict(), "skipped_examples": data.num_skipped, "runs": rows},

@@ -1,6 +1,7 @@
 """Speed of gated vs ungated SmolLM2-135M-Instruct on CPU: decode at long context, prefill, one training step.
 
-Phases (batch 1, fp32, gates `init="paper"` so that none is a trivial no-op):
+Phases (batch 1, `--dtype` (float32 by default), gates `init="paper"` so that none is a trivial no-op, run by
+`--backend` (`torch` by default; `auto` times what `patch` chooses)):
 
 - `decode`: tokens/s of `--decode-steps` single-token forwards on a KV cache of `--contexts` tokens (default
   1,024 / 4,096 / 8,192), as `generate` runs them, with each of `--caches`: `dynamic` (transformers'
@@ -9,14 +10,15 @@ Phases (batch 1, fp32, gates `init="paper"` so that none is a trivial no-op):
 - `prefill`: one no-grad forward of `--prefill-len` tokens (KV cache on, last logits only);
 - `train`: one step, forward + backward + `AdamW.step()` + `zero_grad`, on `--train-len` tokens.
 
-Cases: the ungated baseline, dense gates (output/headwise, output/elementwise) and sparse top-k over key/value
-groups (SmolLM2 has 3; `top_k_unit="kv_group"`, keeping all 3, 2 or 1: keeping all 3 runs the sparse path with
-nothing to skip). One model instance is patched and unpatched between measurements. Decode: the context is
-prefilled once per cache and context length by the ungated model and every case decodes from that same cache,
-cropped back after each measurement (timing does not depend on the cached values; each case computes its own
-gates and selection from its own inputs). Each round times every case once,
-in an order rotated from round to round to cancel drift, after an untimed warm-up round; a case's ratio is the
-median over rounds of (case time / baseline time of the same round), reported with the range of the rounds.
+Cases: the ungated baseline, dense gates (output/headwise, output/elementwise, qk/headwise, qk/elementwise)
+and sparse top-k over key/value groups (SmolLM2 has 3; `top_k_unit="kv_group"`, keeping all 3, 2 or 1: keeping
+all 3 runs the sparse path with nothing to skip). One model instance is patched and unpatched between
+measurements. Decode: the context is prefilled once per cache and context length by the ungated model and
+every case decodes from that same cache, cropped back after each measurement (timing does not depend on the
+cached values; each case computes its own gates and selection from its own inputs). Each round times every
+case once, in an order rotated from round to round to cancel drift, after an untimed warm-up round; a case's
+ratio is the median over rounds of (case time / baseline time of the same round), reported with the range of
+the rounds.
 
 Run it on an otherwise idle machine. Example:
 
@@ -55,6 +57,8 @@ CASES = {
     BASELINE: None,
     "output/headwise": {"variant": "output", "granularity": "headwise"},
     "output/elementwise": {"variant": "output", "granularity": "elementwise"},
+    "qk/headwise": {"variant": "qk", "granularity": "headwise"},
+    "qk/elementwise": {"variant": "qk", "granularity": "elementwise"},
     "top-3 of 3 kv groups": {"variant": "output", "top_k": 3, "top_k_unit": "kv_group"},
     "top-2 of 3 kv groups": {"variant": "output", "top_k": 2, "top_k_unit": "kv_group"},
     "top-1 of 3 kv groups": {"variant": "output", "top_k": 1, "top_k_unit": "kv_group"},
@@ -81,8 +85,8 @@ CACHES = ("dynamic", "static")
 class Bench:
     """One model and its optimizer; times one phase call of one case (the model patched for it)."""
 
-    def __init__(self, model, seed: int = 0):
-        self.model = model
+    def __init__(self, model, backend: str = "torch", seed: int = 0):
+        self.model, self.backend = model, backend
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
@@ -96,7 +100,7 @@ class Bench:
             unpatch(self.model)
         if CASES[case] is not None:
             torch.manual_seed(0)
-            patch(self.model, GateConfig(init="paper", **CASES[case]), backend="torch")
+            patch(self.model, GateConfig(init="paper", **CASES[case]), backend=self.backend)
             self.optimizer.add_param_group({"params": list(gate_parameters(self.model))})
 
     @torch.no_grad()
@@ -264,20 +268,27 @@ def main() -> None:
         "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
     )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="model dtype")
+    parser.add_argument(
+        "--backend", default="torch", help="what runs the gates (as in patch; auto: its choice)"
+    )
     parser.add_argument("--out", default="benchmarks/results/decode", help="writes <out>.csv/.md/.png")
     args = parser.parse_args()
     if BASELINE not in args.cases:
         args.cases = [BASELINE, *args.cases]
 
     torch.set_num_threads(args.threads)
-    rows = measure(Bench(load_model(resolve_model(args.model))), args)
+    model = load_model(resolve_model(args.model)).to(getattr(torch, args.dtype))
+    rows = measure(Bench(model, args.backend), args)
     cpu = f"{cpu_model()}, {args.threads} threads"
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     command = command_line()
     for row in rows:
-        row.update(decode_steps=args.decode_steps, **versions, cpu=cpu, command=command)
+        row.update(decode_steps=args.decode_steps, dtype=args.dtype, backend=args.backend, **versions)
+        row.update(cpu=cpu, command=command)
     header = (
-        f"`{command}` on {datetime.date.today()}: {args.model} fp32, batch 1, {args.rounds} interleaved "
+        f"`{command}` on {datetime.date.today()}: {args.model} {args.dtype}, gates on backend "
+        f"{args.backend!r}, batch 1, {args.rounds} interleaved "
         f"rounds after a warm-up round, {args.decode_steps} decoded tokens per decode measurement; {cpu}; "
         f"torch {versions['torch']}, transformers {versions['transformers']}. Time ratio < 1 is faster."
     )

@@ -297,3 +297,11 @@ def test_a_dataset_is_exported_as_a_corpus_folder_with_the_same_split_rule(tmp_p
     assert ids and all(split_of(i) == "test" for i in ids)
     with pytest.raises(ValueError, match="no column 'text'"):
         export_dataset("json", tmp_path / "c2", data_files=str(rows))
+
+
+def test_a_backend_that_cannot_run_is_refused_before_any_job_trains(tmp_path, monkeypatch):
+    monkeypatch.setattr("hf_gate_attention.kernels.triton_available", lambda: (False, "no CUDA device here"))
+    config = StudyConfig.from_dict(tiny_study(tmp_path, backend="triton"))
+    with pytest.raises(ValueError, match="backend='triton' cannot run here: no CUDA device here"):
+        run_study(config)
+    assert not config.run_dir.exists()

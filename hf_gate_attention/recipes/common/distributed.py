@@ -35,12 +35,13 @@ def check_gates_patch(config, model_config, model_class) -> None:
     """Patch a weightless copy of the model (meta device) with the gate of every gated run of `config` and
     `config.backend`, so that what `patch` refuses (`backend="triton"` without CUDA, a gate this model cannot
     take) is a `ValueError` before anything trains, not when its turn comes after the others trained."""
+    build = getattr(model_class, "from_config", None) or model_class._from_config  # Auto class, or a model's
     for run in config.runs:
         if run.gate is None:
             continue
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the real patch warns, once
-            patch(model_class.from_config(model_config), run.gate, backend=config.backend)
+            patch(build(model_config), run.gate, backend=config.backend)
 
 
 def leave_after_training() -> bool:

@@ -1,0 +1,217 @@
+"""Where a dense gate's decode-step time goes on the CPU: the package's gate beside stripped-down versions.
+
+A decode step of SmolLM2-135M-Instruct (batch 1, `--context`-token DynamicCache, `--steps` single-token
+forwards, no grad) is timed for each case, in interleaved rounds after a warm-up round (`harness.py`); each
+case's ratio is the median over rounds of (case / ungated of the same round), with the range of the rounds.
+The gate is the headwise output gate (`init="paper"`: the paper's G1, 9 heads per layer).
+
+- `ungated`: the model as loaded.
+- `patched`: `patch(model, GateConfig(init="paper"), backend=--backend)`: what users run.
+- `no-op hooks`: three hooks per layer that do nothing, where `patch` puts its own (a forward pre-hook on the
+  attention block, a forward hook on `q_proj`, a forward pre-hook on `o_proj`): the cost of hook dispatch.
+- `inline, own GEMM`: no hook at all; `q_proj` and `o_proj` get a `forward` of their instance (as
+  `kernels/query_gate.py` does) that keeps `x` / computes `sigmoid(x W_g + b_g)`, multiplies the attention
+  output by it and projects: the gate's arithmetic with the least Python around it.
+- `inline, merged GEMM`: the same with `[W_q; W_g]` in one GEMM (`z` taken from the query projection's
+  output).
+
+The inline cases use their own random gate weights (same shapes and init as `patch`'s) and exist only here.
+Run it on an otherwise idle machine, with `--threads` as the users' (torch's default: one per core) and 1:
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gate_cost.py --out benchmarks/results/gate_cost
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gate_cost.py --threads 1 \
+        --out benchmarks/results/gate_cost_1thread
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import torch
+import transformers
+from harness import (
+    command_line,
+    cpu_model,
+    interleaved,
+    markdown_page,
+    markdown_table,
+    median_range,
+    ratios,
+    write_results,
+)
+from overhead import load_model
+from torch.nn import functional as F
+
+from hf_gate_attention import GateConfig, patch, unpatch
+from hf_gate_attention.offline import resolve_model
+
+CASES = ("ungated", "patched", "no-op hooks", "inline, own GEMM", "inline, merged GEMM")
+
+
+class InlineQuery:
+    """`q_proj.forward` of the inline cases: `q = x W_q^T`; keeps `x` (own GEMM) or, merged, computes
+    `[q | z] = x [W_q; W_g]^T + [0; b_g]` in one GEMM and keeps `z`."""
+
+    def __init__(self, query: torch.nn.Linear, gate_weight, gate_bias, kept: list, merged: bool):
+        self.query, self.kept, self.merged = query, kept, merged
+        self.n_q = query.out_features
+        if merged:
+            self.weight = torch.cat([query.weight, gate_weight]).detach()  # (n_q + G, hidden)
+            self.bias = torch.cat([query.weight.new_zeros(self.n_q), gate_bias]).detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.merged:
+            self.kept.append(x)
+            return F.linear(x, self.query.weight)
+        y = F.linear(x, self.weight, self.bias)  # (..., n_q + G)
+        self.kept.append(y[..., self.n_q :])
+        return y[..., : self.n_q]
+
+
+class InlineOutput:
+    """`o_proj.forward` of the inline cases: the attention output `(..., H*D)` times the gate per head, then
+    the projection."""
+
+    def __init__(self, output: torch.nn.Linear, gate_weight, gate_bias, kept: list, merged: bool, heads: int):
+        self.output, self.kept, self.merged, self.heads = output, kept, merged, heads
+        self.gate_weight, self.gate_bias = gate_weight.detach(), gate_bias.detach()
+
+    def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        kept = self.kept.pop()
+        logits = kept if self.merged else F.linear(kept, self.gate_weight, self.gate_bias)  # (..., H)
+        gated = values.unflatten(-1, (self.heads, -1)) * torch.sigmoid(logits).unsqueeze(-1)  # (..., H, D)
+        return F.linear(gated.flatten(-2), self.output.weight, self.output.bias)
+
+
+def _noop_pre(module, args):
+    return None
+
+
+def _noop_post(module, args, output):
+    return None
+
+
+class Cases:
+    """One model; installs and removes each case's gate around a timed decode."""
+
+    def __init__(self, model, backend: str):
+        self.model, self.backend = model, backend
+        config = model.config
+        self.heads = config.num_attention_heads
+        generator = torch.Generator().manual_seed(0)
+        std = config.initializer_range
+        self.gates = [
+            (torch.randn(self.heads, config.hidden_size, generator=generator) * std, torch.zeros(self.heads))
+            for _ in model.model.layers
+        ]
+
+    def install(self, case: str) -> list:
+        """What `case` adds to the model; returns the hook handles (inline cases set instance forwards)."""
+        if case == "patched":
+            patch(self.model, GateConfig(init="paper"), backend=self.backend)
+            return []
+        handles = []
+        for layer, (weight, bias) in zip(self.model.model.layers, self.gates, strict=True):
+            attention = layer.self_attn
+            if case == "no-op hooks":
+                handles += [
+                    attention.register_forward_pre_hook(_noop_pre),
+                    attention.q_proj.register_forward_hook(_noop_post),
+                    attention.o_proj.register_forward_pre_hook(_noop_pre),
+                ]
+            elif case.startswith("inline"):
+                kept, merged = [], case.endswith("merged GEMM")
+                attention.q_proj.forward = InlineQuery(attention.q_proj, weight, bias, kept, merged)
+                attention.o_proj.forward = InlineOutput(
+                    attention.o_proj, weight, bias, kept, merged, self.heads
+                )
+        return handles
+
+    def remove(self, case: str, handles: list) -> None:
+        if case == "patched":
+            unpatch(self.model)
+        for handle in handles:
+            handle.remove()
+        for layer in self.model.model.layers:
+            for projection in (layer.self_attn.q_proj, layer.self_attn.o_proj):
+                projection.__dict__.pop("forward", None)
+
+    @torch.no_grad()
+    def decode(self, case: str, context: int, steps: int) -> float:
+        """Seconds per single-token step after a `context`-token prefill, with `case` installed."""
+        handles = self.install(case)
+        model = self.model.eval()
+        cache = transformers.DynamicCache(config=model.config)
+        generator = torch.Generator().manual_seed(1)
+        prompt = torch.randint(model.config.vocab_size, (1, context), generator=generator)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = prompt[:, -1:]
+        start = time.perf_counter()
+        for _ in range(steps):
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+        elapsed = (time.perf_counter() - start) / steps
+        self.remove(case, handles)
+        return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--context", type=int, default=256, help="tokens in the cache before decoding")
+    parser.add_argument("--steps", type=int, default=24, help="decoded tokens per measurement")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds, after a warm-up round")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--backend", default="torch", help="what runs the gates of the `patched` case")
+    parser.add_argument(
+        "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
+    )
+    parser.add_argument("--out", default="benchmarks/results/gate_cost", help="writes <out>.csv and <out>.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    cases = Cases(load_model(resolve_model(args.model)), args.backend)
+    times = interleaved(lambda case: cases.decode(case, args.context, args.steps), list(CASES), args.rounds)
+    cpu = f"{cpu_model()}, {args.threads} threads"
+    rows = []
+    for case in CASES:
+        ratio, low, high = median_range(ratios(times[case], times["ungated"]))
+        added = [(t - b) * 1e6 / len(cases.gates) for t, b in zip(times[case], times["ungated"], strict=True)]
+        rows.append(
+            {
+                "case": case,
+                "ms_per_step": 1e3 * statistics.median(times[case]),
+                "time_ratio": ratio,
+                "ratio_min": low,
+                "ratio_max": high,
+                "added_us_per_layer": statistics.median(added),
+                "rounds": len(times[case]),
+                "cpu": cpu,
+                "torch": torch.__version__,
+                "command": command_line(),
+            }
+        )
+    header = (
+        f"`{command_line()}` on {datetime.date.today()}: {args.model} float32, batch 1, {args.steps} decode "
+        f"steps after a {args.context}-token prefill, {args.rounds} interleaved rounds after a warm-up "
+        "round; "
+        f"{cpu}; torch {torch.__version__}. Time ratio: median over rounds of case / ungated [range]."
+    )
+    cells = [
+        [
+            r["case"],
+            f"{r['ms_per_step']:.2f}",
+            f"x{r['time_ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]",
+            f"{r['added_us_per_layer']:.0f}",
+        ]
+        for r in rows
+    ]
+    table = markdown_table(
+        ["case", "ms per step", "time ratio [rounds]", "added us per layer"], cells, "lrlr"
+    )
+    write_results(args.out, rows, markdown_page(header, table))
+    print(markdown_page(header, table))
+
+
+if __name__ == "__main__":
+    main()

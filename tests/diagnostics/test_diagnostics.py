@@ -237,8 +237,54 @@ def test_bad_inputs_and_models_get_clear_errors():
         diagnose(paged, [_one(tiny_inputs("llama", batch=1))])
     with pytest.raises(ValueError, match=r"model type 'llama' .*found no attention block"):
         diagnose(model_of_unknown_layout(), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
-    with pytest.raises(ValueError, match="several stacks of self-attention blocks"):
+    with pytest.raises(ValueError, match=r"several stacks of self-attention blocks.*part='decoder'"):
         diagnose(zoo_model("bart"), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
+    with pytest.raises(
+        ValueError, match=r"part='vision' selects 0 stacks .* The model's stacks: model.decoder"
+    ):
+        diagnose(zoo_model("bart"), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}], part="vision")
+
+
+@pytest.mark.parametrize("model_type", ["bart", "vision-encoder-decoder"])
+def test_cross_attention_gates_are_reported_apart_from_the_decoders_own(model_type):
+    """With `part="decoder"`, an encoder-decoder's decoder is diagnosed and the gates of its cross-attention
+    (`AttentionBlock.kind == "cross"`) are listed apart, by layer, with their own summary and table
+    columns."""
+    from hf_gate_attention.core.families import find_attention
+    from hf_gate_attention.diagnostics.report import summary_table
+
+    model = zoo_model(model_type)
+    patch(model, GateConfig(attention=("cross", "decoder"), init="paper", parts=("decoder",)))
+    cross = [b for b in find_attention(model) if b.kind == "cross"]
+    heads = cross[0].geometry["num_heads"]
+    bias = torch.linspace(-3.0, 2.0, heads)
+    with torch.no_grad():
+        for block in find_attention(model):
+            gate = block.module.attn_gate if hasattr(block.module, "attn_gate") else None
+            if gate is not None:
+                gate.weight.zero_()
+                gate.bias.copy_(bias if block.kind == "cross" else torch.zeros(heads))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    if model_type == "bart":
+        inputs = {"input_ids": ids}
+    else:
+        size = model.config.encoder.image_size
+        inputs = {"pixel_values": torch.randn(1, 3, size, size), "decoder_input_ids": ids}
+    result = diagnose(model, [inputs], skip_queries=1, part="decoder")
+    assert result["cross_gates"]["layers"] == [b.index for b in cross] == [0, 1]
+    for layer in range(2):
+        torch.testing.assert_close(
+            torch.tensor(result["cross_gates"]["mean"][layer]), torch.sigmoid(bias), atol=1e-6, rtol=0
+        )
+        assert result["gates"]["mean"][layer] == pytest.approx([0.5] * heads)  # the decoder's self-attention
+    summary = result["summary"]
+    assert summary["cross_gate_mean"] == pytest.approx(torch.sigmoid(bias).mean().item())
+    assert summary["cross_gate_below_0.1"] == pytest.approx(1 / heads)  # sigmoid(-3) = 0.047
+    assert result["model"]["part"] == "decoder"
+    own = {key: value for key, value in summary.items() if not key.startswith("cross")}
+    table = summary_table({"with": summary, "without": own})
+    assert "cross gate mean" in table and f"{summary['cross_gate_mean']:.3f}" in table
+    assert table.splitlines()[-1].endswith("| - | - |")
 
 
 def test_a_layer_whose_attention_bypasses_the_attention_interface_is_named():

@@ -558,3 +558,17 @@ def test_diagnose_counts_out_of_range_are_refused(option, value, low, capsys):
         cli_main(["diagnose", "some-model", option, value])
     assert exit_.value.code == 2
     assert f"expected an integer >= {low}; got '{value}'" in capsys.readouterr().err
+
+
+def test_a_decoder_with_gated_cross_attention_alone_is_diagnosed():
+    """A GPT-2 decoder with cross-attention (one self-attention stack: no `part` needed) gated on its
+    cross-attention only: no self-attention gates, its cross gates by layer (this was a KeyError)."""
+    config = transformers.GPT2Config(
+        vocab_size=50, n_embd=32, n_layer=2, n_head=4, add_cross_attention=True, is_decoder=True
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    patch(model, GateConfig(attention=("cross",)))
+    inputs = {"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]]), "encoder_hidden_states": torch.randn(1, 5, 32)}
+    result = diagnose(model, [inputs], skip_queries=1)
+    assert result["gates"] is None and result["cross_gates"]["layers"] == [0, 1]
+    assert result["summary"]["cross_gate_mean"] == pytest.approx(1.0)  # identity init: 2 * sigmoid(0)

@@ -572,3 +572,21 @@ def test_a_decoder_with_gated_cross_attention_alone_is_diagnosed():
     result = diagnose(model, [inputs], skip_queries=1)
     assert result["gates"] is None and result["cross_gates"]["layers"] == [0, 1]
     assert result["summary"]["cross_gate_mean"] == pytest.approx(1.0)  # identity init: 2 * sigmoid(0)
+
+
+def test_cli_part_diagnoses_the_decoder_of_an_encoder_decoder_with_its_cross_gates(tmp_path, capsys):
+    model = zoo_model("bart")
+    patch(model, GateConfig(attention=("cross",), parts=("decoder",), init="paper"))
+    model.save_pretrained(tmp_path / "bart")
+    make_tiny_model(tmp_path / "tokenizer")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("w1 w2 w3 w4 w5 w6 w7 w8 w9 w10\nw3 w4 w5 w6 w7 w8 w9 w1 w2\n")
+    argv = ["diagnose", str(tmp_path / "bart"), "--out", str(tmp_path / "out"), "--text-file", str(texts)]
+    argv += ["--tokenizer", str(tmp_path / "tokenizer"), "--skip-queries", "1"]
+    assert cli_main(argv) == 2  # two stacks: the error names --part's way out
+    assert "part='decoder'" in capsys.readouterr().err
+    assert cli_main([*argv, "--part", "decoder"]) == 0
+    assert "cross gate mean" in capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+    assert result["model"]["part"] == "decoder" and result["gates"] is None
+    assert result["cross_gates"]["layers"] == [0, 1]

@@ -13,11 +13,14 @@ from ..common.plots import _error_bars
 from .attention import END
 from .metrics import WORD_CLASSES
 
+OVERLAY_COLOUR = (1.0, 0.0, 0.55)  # magenta: not a colour of the shapes
+
 
 def _bars(
-    ax, groups: dict[str, dict[str, dict | None]], keys: list[str], labels: list[str], scale: float
+    ax, groups: dict[str, dict], keys: list[str], labels: list[str], scale: float, colours: dict
 ) -> None:
-    """Grouped bars with CIs: one group per key, one bar per name of `groups` (`{name: {key: score}}`)."""
+    """Grouped bars with CIs: one group per key, one bar per name of `groups` (`{name: {key: score}}`), in
+    `colours[name]`."""
     x, width = np.arange(len(keys)), 0.8 / max(1, len(groups))
     for index, (name, scores) in enumerate(groups.items()):
         present = [k for k in keys if scores.get(k) is not None]
@@ -27,7 +30,7 @@ def _bars(
         )
         offset = (index - (len(groups) - 1) / 2) * width
         positions = [x[keys.index(k)] + offset for k in present]
-        ax.bar(positions, means, width, yerr=errors, capsize=3, label=name, color=f"C{index}")
+        ax.bar(positions, means, width, yerr=errors, capsize=3, label=name, color=colours[name])
     ax.set_xticks(x, labels)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="x-small")
@@ -40,13 +43,9 @@ def plot_attention(rows: list[dict], path: Path, confidence: float) -> None:
     gated = [row for row in rows if row["gates"]]
     fig, axes = plt.subplots(1, 2 if gated else 1, figsize=(11 if gated else 6, 3.8), squeeze=False)
     keys = ["share_weighted", "share_plain", "sink"]
-    _bars(
-        axes[0][0],
-        {r["run"]: r["attention"] for r in rows},
-        keys,
-        ["object (gate-weighted)", "object (plain)", "sink"],
-        100,
-    )
+    colours = {row["run"]: f"C{index}" for index, row in enumerate(rows)}  # one colour per run in both panels
+    labels = ["object share\n(gate-weighted heads)", "object share\n(plain mean of heads)", "sink share"]
+    _bars(axes[0][0], {r["run"]: r["attention"] for r in rows}, keys, labels, 100, colours)
     chance = rows[0]["share_chance"]
     if chance is not None:
         axes[0][0].axhline(100 * chance["mean"], color="grey", ls="--", lw=1, label="uniform attention")
@@ -54,7 +53,7 @@ def plot_attention(rows: list[dict], path: Path, confidence: float) -> None:
     axes[0][0].set(ylabel="% of cross-attention weight", title="Where cross-attention falls")
     if gated:
         classes = [cls for cls in WORD_CLASSES if cls != "other"]
-        _bars(axes[0][1], {r["run"]: r["gates"] for r in gated}, classes, classes, 1)
+        _bars(axes[0][1], {r["run"]: r["gates"] for r in gated}, classes, classes, 1, colours)
         axes[0][1].set(ylabel="gate value", title="Cross-attention gate by emitted word")
     fig.suptitle(f"Test captions, teacher forcing ({100 * confidence:g} % bootstrap CI)", y=1.02)
     save_figure(fig, path)
@@ -63,8 +62,8 @@ def plot_attention(rows: list[dict], path: Path, confidence: float) -> None:
 def plot_overlays(config, data, measured: dict, predictions: dict, out: Path) -> list[Path]:
     """`overlay_<n>.png` for the first `overlay_examples` test images: a row per run, a column per word of the
     reference caption (and the end), each the image under that step's cross-attention map (gate-weighted
-    mean over heads, mean over layers; one colour scale per column), the named object outlined, the gate
-    value under it."""
+    mean over heads, mean over layers; its opacity the weight on one scale per figure,
+    transparent where it is 0), the named object outlined, the gate value under it."""
     from PIL import Image
 
     plt = pyplot()
@@ -81,18 +80,20 @@ def plot_overlays(config, data, measured: dict, predictions: dict, out: Path) ->
             len(names), len(words), figsize=(0.9 * len(words), 1.05 * len(names) + 0.5), squeeze=False
         )
         fig.subplots_adjust(wspace=0.06, hspace=0.3, top=0.82, bottom=0.08)
+        every = [np.asarray(measured[n]["maps"][index]["maps"]) for n in names]  # (steps, keys) per run
+        top = max(float(m[:, prefix:].max()) for m in every) or 1.0  # one colour scale per figure
         for column in range(len(words)):
-            maps = [np.asarray(measured[n]["maps"][index]["maps"][column]) for n in names]
-            top = max(float(m[prefix:].max()) for m in maps) or 1.0
+            maps = [m[column] for m in every]
             for r, name in enumerate(names):
                 ax = axes[r][column]
                 entry = measured[name]["maps"][index]
-                heat = maps[r][prefix:].reshape(grid, grid)
+                heat = np.clip(maps[r][prefix:].reshape(grid, grid) / top, 0, 1)
+                overlay = np.zeros((grid, grid, 4))  # one colour no shape has, opaque where attention is high
+                overlay[..., :3] = OVERLAY_COLOUR
+                overlay[..., 3] = 0.9 * heat
                 ax.imshow(image)
                 extent = (-0.5, config.image_size - 0.5, config.image_size - 0.5, -0.5)
-                ax.imshow(
-                    heat, cmap="inferno", alpha=0.6, vmin=0, vmax=top, extent=extent, interpolation="nearest"
-                )
+                ax.imshow(overlay, extent=extent, interpolation="nearest")
                 if masks[column] is not None:
                     ax.contour(masks[column], levels=[0.5], colors="cyan", linewidths=0.6)
                 ax.set_xticks([])
@@ -109,7 +110,8 @@ def plot_overlays(config, data, measured: dict, predictions: dict, out: Path) ->
             0.5,
             0.0,
             "cross-attention of the step emitting each word (gate-weighted heads, mean of layers); "
-            "one colour scale per column; cyan: the object the word names; g: its cross-attention gate",
+            f"opacity: the weight, 0 to {top:.2f} (one scale per figure); cyan: the object the word names; "
+            "g: its cross-attention gate",
             ha="center",
             fontsize=6,
         )
@@ -134,7 +136,7 @@ def _word_masks(row: dict, steps: int, size: int) -> list:
 
 
 def _quantise(path: Path, image_module) -> None:
-    """Rewrite a PNG with a 256-colour palette (a third of the size; the plots are read, not measured)."""
+    """Rewrite a PNG with a 64-colour palette (smaller; the plots are read, not measured)."""
     with image_module.open(path) as opened:
-        small = opened.convert("RGB").quantize(colors=256)
+        small = opened.convert("RGB").quantize(colors=64)
     small.save(path, optimize=True)

@@ -44,12 +44,14 @@ def _verdict_lines(rows: list[dict], level: str) -> list[str]:
         [
             row["run"],
             _delta(row["deltas"]["share_weighted"], 100),
+            _delta(row["deltas"]["share_plain"], 100),
             _delta(row["gate_contrast"], 1, 3),
             f"**{row['verdict']['verdict']}** ({row['verdict']['why']})",
         ]
         for row in gated
     ]
-    header = ["run", "object share - baseline's, points", "gate: visual - function words", "verdict"]
+    header = ["run", "object share - baseline's, points", "the same, plain mean of heads (not in the rule)"]
+    header += ["gate: visual - function words", "verdict"]
     return [
         CLAIM,
         "",

@@ -378,3 +378,20 @@ def test_the_preset_and_tiny_configs_are_valid():
         config = load_config(root / name, {}, CaptioningConfig)
         assert [run.name for run in config.runs] == ["baseline", "gated-cross", "gated-cross-self"]
     assert os.path.basename(str(root)) == "configs"
+
+
+@pytest.mark.parametrize("name", ["captioning", "captioning-4000-steps"])
+def test_committed_results_are_what_the_report_writes(name):
+    """`results/<name>/comparison.md` and `.csv` are what the report writers make of its comparison.json."""
+    from helpers import REPO
+
+    from hf_gate_attention.recipes.captioning.report import csv_table, markdown_report
+
+    out = REPO / "results" / name
+    comparison = json.loads((out / "comparison.json").read_text())
+    config = CaptioningConfig.from_dict(comparison["config"])
+    rows, data = comparison["runs"], comparison["data"]
+    written = markdown_report(config, rows, data, comparison["diagnostics"])
+    assert (out / "comparison.md").read_text() == written
+    assert (out / "comparison.csv").read_text() == csv_table(rows, "baseline")
+    assert [row.get("verdict", {}).get("verdict") for row in rows] == [None, "reproduced", "reproduced"]

@@ -11,7 +11,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo reproduce diagnose study classify-text classify-image distill test test-fast lint format install clean
+.PHONY: demo reproduce diagnose study classify-text classify-image caption distill test test-fast lint format install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,13 @@ classify-text: install
 # DINOv2-small on MNIST, 6-8 min on 2 CPU cores (the comment above).
 classify-image: install
 	$(PY) -m hf_gate_attention recipe classification --config recipes/classification/configs/image_demo.yaml --resume
+
+# Captioning: does the gate look where the caption points? A frozen DINOv2-small encoder and a 3-layer GPT-2
+# decoder with cross-attention trained from scratch on generated shapes, baseline vs gated cross-attention vs
+# gated cross- and self-attention (recipes/captioning/README.md); results/captioning/comparison.md with the
+# verdict. Rerunning continues where it stopped.
+caption: install
+	$(PY) -m hf_gate_attention recipe captioning --config recipes/captioning/configs/preset.yaml --resume
 
 # Distillation of the reproduction's headwise-gated SmolLM2 (the teacher) into a 15-layer student: trained
 # alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then

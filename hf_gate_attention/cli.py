@@ -317,7 +317,9 @@ def cmd_diagnose(args) -> None:
         source = args.tokenizer or path
         if source not in prepared:
             prepared[source] = _diagnosis_inputs(args, path)
-        results[label] = diagnose(model, prepared[source], skip_queries=args.skip_queries, progress=True)
+        results[label] = diagnose(
+            model, prepared[source], skip_queries=args.skip_queries, progress=True, part=args.part
+        )
         files = write_diagnosis(results[label], out / label if len(args.models) > 1 else out, title=label)
         print(f"{label}: wrote {', '.join(str(f) for f in files)}")
     summary = summary_table({label: result["summary"] for label, result in results.items()})
@@ -434,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", help="where the tokenizer / image processor is, when not saved with the models"
     )
     diagnose_parser.add_argument("--attn-implementation", default="sdpa", help="sdpa (default), eager, ...")
+    diagnose_parser.add_argument(
+        "--part",
+        help="the stack of a model with several, by module name segment (decoder: an encoder-decoder's "
+        "decoder; its gated cross-attention is reported beside it)",
+    )
     _add_backend_option(diagnose_parser)
     diagnose_parser.set_defaults(func=cmd_diagnose)
 

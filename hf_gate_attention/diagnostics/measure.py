@@ -17,6 +17,7 @@ from weakref import WeakKeyDictionary
 import torch
 from torch import nn
 
+from ..core.families import find_attention, registered_family
 from ..core.hooks import GATE_MODULE_NAME, PATCHES_ATTRIBUTE, blocks_by_layer, unwrap_model
 from ..core.patching import gate_backend_of, is_patched
 
@@ -239,12 +240,61 @@ class _GateProbe:
         return hook
 
 
-def _gate_hooks(base: nn.Module, blocks: dict, recorder: _Recorder) -> list:
+def _gate_hooks(base: nn.Module, blocks: dict, recorder: _Recorder, cross: _Recorder) -> list:
+    """Probes of the gated blocks: those of the diagnosed self-attention `blocks` record into `recorder` by
+    layer, the gated cross-attention blocks (`AttentionBlock.kind == "cross"`) into `cross` by their layer
+    in their own stack; the gates of blocks in other parts (an encoder's, with `part`) are not recorded."""
     layer_of = {id(block): index for index, block in blocks.items()}
+    patches = getattr(base, PATCHES_ATTRIBUTE, [])
+    found = {id(b.module): b for b in find_attention(base, _family(base))} if patches else {}
+    diagnosed = {_stack_parent(found[id(block)].name) for block in blocks.values() if id(block) in found}
     handles = []
-    for block_patch in getattr(base, PATCHES_ATTRIBUTE, []):
-        handles += _GateProbe(block_patch, layer_of[id(block_patch.block)], recorder).attach()
+    for block_patch in patches:
+        block = found.get(id(block_patch.block))
+        if id(block_patch.block) in layer_of:
+            handles += _GateProbe(block_patch, layer_of[id(block_patch.block)], recorder).attach()
+        elif block is not None and block.kind == "cross" and _stack_parent(block.name) in diagnosed:
+            handles += _GateProbe(block_patch, block.index, cross).attach()
     return handles
+
+
+def _family(base: nn.Module):
+    return registered_family(getattr(base.config, "model_type", None))
+
+
+def _stack_parent(name: str) -> str:
+    """The part of a block's name above its layer number (`decoder.transformer.h` of
+    `decoder.transformer.h.3.crossattention`): the self- and cross-attention of one stack of layers share
+    it."""
+    parts = name.split(".")
+    numbers = [i for i, part in enumerate(parts) if part.isdigit()]
+    return ".".join(parts[: numbers[-1]]) if numbers else ""
+
+
+def _in_part(name: str, part: str) -> bool:
+    return f".{part}." in f".{name}."
+
+
+def diagnosed_blocks(base: nn.Module, part: str | None = None) -> dict[int, nn.Module]:
+    """Layer index -> self-attention block of the stack `diagnose` measures: the model's only one, or, with
+    `part`, the only one among the blocks whose module name has `part` as a segment (`"decoder"`: the
+    decoder of an encoder-decoder model, whose cross-attention gates are then reported beside it)."""
+    if part is None:
+        try:
+            return blocks_by_layer(base)
+        except ValueError as err:
+            if "several stacks" in str(err):
+                raise ValueError(f"{err}; or choose one with part=... (e.g. part='decoder')") from None
+            raise
+    found = [b for b in find_attention(base, _family(base)) if b.kind != "cross" and _in_part(b.name, part)]
+    stacks = sorted({b.stack for b in found})
+    if len(stacks) != 1:
+        seen = sorted({b.stack for b in find_attention(base, _family(base)) if b.kind != "cross"})
+        raise ValueError(
+            f"part={part!r} selects {len(stacks)} stacks of self-attention blocks "
+            f"({', '.join(stacks) or 'none'}); it must select one. The model's stacks: {', '.join(seen)}"
+        )
+    return {b.index: b.module for b in found}
 
 
 def _hidden_hooks(base: nn.Module, blocks: dict, recorder: _Recorder) -> list:
@@ -262,7 +312,13 @@ def _hidden_hooks(base: nn.Module, blocks: dict, recorder: _Recorder) -> list:
 
 
 @torch.no_grad()
-def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, progress: bool = False) -> dict:
+def diagnose(
+    model: nn.Module,
+    inputs: Iterable[dict],
+    skip_queries: int = 4,
+    progress: bool = False,
+    part: str | None = None,
+) -> dict:
     """Attention sink, massive activations and gate statistics of `model` on `inputs`.
 
     Args:
@@ -272,6 +328,8 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
             ...), without padding (see `text_inputs`, `image_inputs`).
         skip_queries: the first query positions left out of the attention averages (a causal query 0 can
             only attend to token 0).
+        part: a module name segment choosing the self-attention stack of a model with several (`"decoder"`
+            for an encoder-decoder: its decoder's layers); `None`: the model's only stack.
 
     Returns a JSON-serialisable dict: `attention` (`first_token`, `top1`: per layer, per head, the mean over
     queries of the weight on key 0 and of the largest weight; `top1_at_first`, `top1_at_previous`,
@@ -279,19 +337,20 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
     own position), `activations` (per layer: `max_abs` of the
     layer's output hidden state, where it sits (`input`, `position`, `channel`) and `median_abs`), `gates`
     (per gated layer and gated head: `mean`, `below_0.1`, `quantiles`, `keep_rate` for top-k; `None` for an
-    ungated model) and `summary` (the scalars of `summarize`).
+    ungated model), `cross_gates` (the same for the gated cross-attention blocks of the diagnosed stack's
+    layers, numbered by layer; `None` without them) and `summary` (the scalars of `summarize`).
     """
     base = unwrap_model(model)
-    blocks = blocks_by_layer(base)
+    blocks = diagnosed_blocks(base, part)
     if sorted(blocks) != list(range(len(blocks))):
         raise ValueError(f"attention blocks {sorted(blocks)} are not numbered 0..{len(blocks) - 1}")
-    recorder = _Recorder(len(blocks), skip_queries)
+    recorder, cross = _Recorder(len(blocks), skip_queries), _Recorder(0, skip_queries)
     original = base.config._attn_implementation
     probe_name = register_probe(original)
     for index, block in blocks.items():
         for module in block.modules():
             _PROBED[module] = (recorder, index)
-    handles = _hidden_hooks(base, blocks, recorder) + _gate_hooks(base, blocks, recorder)
+    handles = _hidden_hooks(base, blocks, recorder) + _gate_hooks(base, blocks, recorder, cross)
     was_training = base.training
     base.eval()
     base.set_attn_implementation(probe_name)
@@ -317,12 +376,14 @@ def diagnose(model: nn.Module, inputs: Iterable[dict], skip_queries: int = 4, pr
             for module in block.modules():
                 _PROBED.pop(module, None)
     result = recorder.result()
+    result["cross_gates"] = cross._gate_result() if cross.gates else None
     result["model"] = {
         "model_type": base.config.model_type,
         "num_layers": len(blocks),
         "attn_implementation": original,
         "gate": getattr(base.config, "gate_attention", None),
         "backend": gate_backend_of(base) if is_patched(base) else None,
+        "part": part,
     }
     result["inputs"] = {"count": len(items), "skip_queries": skip_queries}
     result["summary"] = summarize(result)
@@ -353,6 +414,10 @@ def summarize(result: dict) -> dict:
         "max_activation_layer": int(torch.tensor(result["activations"]["max_abs"]).argmax()),
         "median_activation": float(torch.tensor(result["activations"]["median_abs"]).median()),
     }
+    cross = result.get("cross_gates")
+    if cross is not None:
+        summary["cross_gate_mean"] = torch.tensor(cross["mean"]).mean().item()
+        summary["cross_gate_below_0.1"] = torch.tensor(cross["below_0.1"]).mean().item()
     gates = result["gates"]
     if gates is not None:
         summary["gate_mean"] = torch.tensor(gates["mean"]).mean().item()

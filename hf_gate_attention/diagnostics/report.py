@@ -29,6 +29,9 @@ def _heatmaps(result: dict) -> list[tuple[str, list[list[float]], list[int]]]:
         maps.append(("share of gates < 0.1", gates["below_0.1"], gates["layers"]))
         if gates["keep_rate"] is not None:
             maps.append(("top-k keep rate", gates["keep_rate"], gates["layers"]))
+    cross = result.get("cross_gates")
+    if cross is not None:
+        maps.append(("cross-attention gate mean", cross["mean"], cross["layers"]))
     return maps
 
 
@@ -84,6 +87,12 @@ def write_diagnosis(result: dict, out_dir: Path, title: str = "") -> list[Path]:
     return [out_dir / name for name in (JSON_FILE, HEATMAPS_FILE, LAYERS_FILE)]
 
 
+def _cross_cells(summary: dict) -> tuple[str, str]:
+    if "cross_gate_mean" not in summary:
+        return "-", "-"
+    return f"{summary['cross_gate_mean']:.3f}", f"{summary['cross_gate_below_0.1']:.3f}"
+
+
 def summary_table(summaries: dict[str, dict]) -> str:
     """A Markdown table of `summarize` scalars, one row per labelled model."""
     header = ["model", "first-token attn", "top-1 attn", "top-1 key: first / previous / self"]
@@ -91,12 +100,17 @@ def summary_table(summaries: dict[str, dict]) -> str:
     top_k = any("keep_rate_min" in s for s in summaries.values())
     if top_k:
         header.append("top-k keep rate, min / max over layers and heads")
+    cross = any("cross_gate_mean" in s for s in summaries.values())
+    if cross:
+        header += ["cross gate mean", "cross gates < 0.1"]
     rows = []
     for label, s in summaries.items():
         gate = ("-", "-") if "gate_mean" not in s else (f"{s['gate_mean']:.3f}", f"{s['gate_below_0.1']:.3f}")
         if top_k:
             keep = "-" if "keep_rate_min" not in s else f"{s['keep_rate_min']:.2f} / {s['keep_rate_max']:.2f}"
             gate = (*gate, keep)
+        if cross:
+            gate = (*gate, *_cross_cells(s))
         rows.append(
             [
                 label,

@@ -84,6 +84,12 @@ RECIPES = {
             ),
         ),
         Recipe(
+            "captioning",
+            "train and compare captioners (frozen ViT encoder, decoder with cross-attention), ungated and "
+            "gated: caption quality, attention on the named objects, gates by word",
+            "captioning.cli:main",
+        ),
+        Recipe(
             "distillation",
             "distill a gated summarization model into a smaller student (logit KD, gate matching)",
             "distillation.cli:main",

@@ -237,8 +237,54 @@ def test_bad_inputs_and_models_get_clear_errors():
         diagnose(paged, [_one(tiny_inputs("llama", batch=1))])
     with pytest.raises(ValueError, match=r"model type 'llama' .*found no attention block"):
         diagnose(model_of_unknown_layout(), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
-    with pytest.raises(ValueError, match="several stacks of self-attention blocks"):
+    with pytest.raises(ValueError, match=r"several stacks of self-attention blocks.*part='decoder'"):
         diagnose(zoo_model("bart"), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}])
+    with pytest.raises(
+        ValueError, match=r"part='vision' selects 0 stacks .* The model's stacks: model.decoder"
+    ):
+        diagnose(zoo_model("bart"), [{"input_ids": torch.tensor([[3, 4, 5, 6, 7, 8]])}], part="vision")
+
+
+@pytest.mark.parametrize("model_type", ["bart", "vision-encoder-decoder"])
+def test_cross_attention_gates_are_reported_apart_from_the_decoders_own(model_type):
+    """With `part="decoder"`, an encoder-decoder's decoder is diagnosed and the gates of its cross-attention
+    (`AttentionBlock.kind == "cross"`) are listed apart, by layer, with their own summary and table
+    columns."""
+    from hf_gate_attention.core.families import find_attention
+    from hf_gate_attention.diagnostics.report import summary_table
+
+    model = zoo_model(model_type)
+    patch(model, GateConfig(attention=("cross", "decoder"), init="paper", parts=("decoder",)))
+    cross = [b for b in find_attention(model) if b.kind == "cross"]
+    heads = cross[0].geometry["num_heads"]
+    bias = torch.linspace(-3.0, 2.0, heads)
+    with torch.no_grad():
+        for block in find_attention(model):
+            gate = block.module.attn_gate if hasattr(block.module, "attn_gate") else None
+            if gate is not None:
+                gate.weight.zero_()
+                gate.bias.copy_(bias if block.kind == "cross" else torch.zeros(heads))
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    if model_type == "bart":
+        inputs = {"input_ids": ids}
+    else:
+        size = model.config.encoder.image_size
+        inputs = {"pixel_values": torch.randn(1, 3, size, size), "decoder_input_ids": ids}
+    result = diagnose(model, [inputs], skip_queries=1, part="decoder")
+    assert result["cross_gates"]["layers"] == [b.index for b in cross] == [0, 1]
+    for layer in range(2):
+        torch.testing.assert_close(
+            torch.tensor(result["cross_gates"]["mean"][layer]), torch.sigmoid(bias), atol=1e-6, rtol=0
+        )
+        assert result["gates"]["mean"][layer] == pytest.approx([0.5] * heads)  # the decoder's self-attention
+    summary = result["summary"]
+    assert summary["cross_gate_mean"] == pytest.approx(torch.sigmoid(bias).mean().item())
+    assert summary["cross_gate_below_0.1"] == pytest.approx(1 / heads)  # sigmoid(-3) = 0.047
+    assert result["model"]["part"] == "decoder"
+    own = {key: value for key, value in summary.items() if not key.startswith("cross")}
+    table = summary_table({"with": summary, "without": own})
+    assert "cross gate mean" in table and f"{summary['cross_gate_mean']:.3f}" in table
+    assert table.splitlines()[-1].endswith("| - | - |")
 
 
 def test_a_layer_whose_attention_bypasses_the_attention_interface_is_named():
@@ -512,3 +558,35 @@ def test_diagnose_counts_out_of_range_are_refused(option, value, low, capsys):
         cli_main(["diagnose", "some-model", option, value])
     assert exit_.value.code == 2
     assert f"expected an integer >= {low}; got '{value}'" in capsys.readouterr().err
+
+
+def test_a_decoder_with_gated_cross_attention_alone_is_diagnosed():
+    """A GPT-2 decoder with cross-attention (one self-attention stack: no `part` needed) gated on its
+    cross-attention only: no self-attention gates, its cross gates by layer (this was a KeyError)."""
+    config = transformers.GPT2Config(
+        vocab_size=50, n_embd=32, n_layer=2, n_head=4, add_cross_attention=True, is_decoder=True
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    patch(model, GateConfig(attention=("cross",)))
+    inputs = {"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]]), "encoder_hidden_states": torch.randn(1, 5, 32)}
+    result = diagnose(model, [inputs], skip_queries=1)
+    assert result["gates"] is None and result["cross_gates"]["layers"] == [0, 1]
+    assert result["summary"]["cross_gate_mean"] == pytest.approx(1.0)  # identity init: 2 * sigmoid(0)
+
+
+def test_cli_part_diagnoses_the_decoder_of_an_encoder_decoder_with_its_cross_gates(tmp_path, capsys):
+    model = zoo_model("bart")
+    patch(model, GateConfig(attention=("cross",), parts=("decoder",), init="paper"))
+    model.save_pretrained(tmp_path / "bart")
+    make_tiny_model(tmp_path / "tokenizer")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("w1 w2 w3 w4 w5 w6 w7 w8 w9 w10\nw3 w4 w5 w6 w7 w8 w9 w1 w2\n")
+    argv = ["diagnose", str(tmp_path / "bart"), "--out", str(tmp_path / "out"), "--text-file", str(texts)]
+    argv += ["--tokenizer", str(tmp_path / "tokenizer"), "--skip-queries", "1"]
+    assert cli_main(argv) == 2  # two stacks: the error names --part's way out
+    assert "part='decoder'" in capsys.readouterr().err
+    assert cli_main([*argv, "--part", "decoder"]) == 0
+    assert "cross gate mean" in capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "diagnostics.json").read_text())
+    assert result["model"]["part"] == "decoder" and result["gates"] is None
+    assert result["cross_gates"]["layers"] == [0, 1]

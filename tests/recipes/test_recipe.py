@@ -366,6 +366,7 @@ def test_a_flag_before_a_key_value_takes_no_value():
 CONFIG_CLASSES = {
     "summarization": "summarization.config:RecipeConfig",
     "classification": "classification.config:ClassificationConfig",
+    "captioning": "captioning.config:CaptioningConfig",
     "distillation": "distillation.config:DistillationConfig",
     "pretraining": "pretraining.config:StudyConfig",
 }

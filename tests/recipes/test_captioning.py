@@ -254,7 +254,9 @@ def test_metadata_objects_are_read_into_masks_and_splits_are_carved(tmp_path):
             ["0.png"],
         )
         load_caption_dataset(str(tmp_path / "bad"))
-    with pytest.raises(ValueError, match="Hub is off"):
+    with pytest.raises(
+        ValueError, match=r"Hub is off|the Hub cannot be reached"
+    ):  # offline mode, or no network
         load_caption_dataset("someone/captions")
 
 

@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...memory import peak_growth_mib
+from ..common.config import split_limits
 from ..common.distributed import distributed_state, leave_after_training
 from ..common.inference import interleaved_rounds
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
@@ -70,16 +71,11 @@ PREDICTIONS_FILE = "predictions.json"
 
 
 def load_data(config: CaptioningConfig) -> CaptionData:
-    limits = {
-        "train": config.max_train_examples,
-        "validation": config.max_validation_examples,
-        "test": config.max_test_examples,
-    }
     return load_caption_dataset(
         config.dataset,
         config.image_column,
         config.caption_column,
-        limits,
+        split_limits(config),
         config.seed,
         config.image_size,
         config.shapes_distractors,

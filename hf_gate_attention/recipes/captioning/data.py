@@ -304,7 +304,13 @@ def _hub_rows(dataset: str, image_column, caption_column, limits) -> dict[str, l
             f"dataset {dataset!r} is not a local folder, and the Hub is off (HF_HUB_OFFLINE): use the "
             "offline `shapes` set or an image folder with a metadata file"
         )
-    loaded = datasets.load_dataset(dataset)
+    try:
+        loaded = datasets.load_dataset(dataset)
+    except (ConnectionError, TimeoutError) as err:  # no connection, or offline mode set after import
+        raise ValueError(
+            f"dataset {dataset!r} is not a local folder, and the Hub cannot be reached ({err}): use the "
+            "offline `shapes` set or an image folder with a metadata file"
+        ) from None
     rows = {}
     for split in SPLITS:
         name = next((n for n in SPLIT_NAMES[split] if n in loaded), None)

@@ -23,6 +23,7 @@ from transformers import AutoConfig, TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
+from ..common.config import split_limits
 from ..common.distributed import check_gates_patch, distributed_state, leave_after_training
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
 from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
@@ -47,18 +48,13 @@ PREDICTIONS_FILE = "predictions.json"
 
 
 def load_data(config: ClassificationConfig) -> ClassificationData:
-    limits = {
-        "train": config.max_train_examples,
-        "validation": config.max_validation_examples,
-        "test": config.max_test_examples,
-    }
     return load_classification_dataset(
         config.dataset,
         config.text_column,
         config.image_column,
         config.label_column,
         config.archive_dir,
-        limits,
+        split_limits(config),
     )
 
 

@@ -79,6 +79,11 @@ def check_shared_keys(config) -> None:
     check_training_keys(config)
 
 
+def split_limits(config) -> dict[str, int | None]:
+    """`{split: config.max_<split>_examples}`: examples of each split a recipe keeps (`None`: all)."""
+    return {split: getattr(config, f"max_{split}_examples") for split in ("train", "validation", "test")}
+
+
 def baseline_and_headwise() -> list[RunSpec]:
     """The default comparison: the ungated baseline and the article's output headwise gate."""
     return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]

@@ -174,8 +174,9 @@ def x2(value) -> str:
     return "x" + str(Decimal(value).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP))
 
 
-def quoted(path: Path, phrase: str) -> None:
-    assert flat(phrase) in flat(read(path)), f"{path.relative_to(REPO)} does not say: {phrase}"
+def says(path: Path, phrase: str) -> bool:
+    """Whether the document at `path` holds `phrase` (whitespace and line breaks aside)."""
+    return flat(phrase) in flat(read(path))
 
 
 def test_tables_are_read_by_their_columns():
@@ -209,9 +210,9 @@ def test_the_reproduction_verdicts_as_quoted():
     speeds = [first(verdicts[run]["speedup (median [rounds])"]) for run in dense]
     speed = f"speed per summary {speeds[0]}, {speeds[1]} and {speeds[2]} the baseline's"
     for doc in (README, REPO / "docs" / "recipes.md"):
-        quoted(doc, phrase)
-        quoted(doc, f"the claimed {claimed}")
-        quoted(doc, speed)
+        assert says(doc, phrase)
+        assert says(doc, f"the claimed {claimed}")
+        assert says(doc, speed)
     for run in dense:  # "inconclusive ... every CI holds both 0 and the claimed gain"; "not reproduced"
         assert verdicts[run]["ROUGE-L claim"] == "inconclusive"
         assert verdicts[run]["speed claim"] == "not reproduced"
@@ -239,7 +240,7 @@ def test_the_sparse_runs_as_quoted():
     def loss(name):
         return losses[name]["validation loss"]
 
-    quoted(
+    assert says(
         README,
         f"costs {first(delta(1, False))} (keeping 1 of 3) and {first(delta(2, False))} (2 of 3) "
         "ROUGE-L points; "
@@ -248,9 +249,9 @@ def test_the_sparse_runs_as_quoted():
         f"{first(verdicts[run(2, True)]['speedup (median [rounds])'])} the baseline's speed per summary",
     )
     sparse = REPO / "docs" / "sparse.md"
-    quoted(sparse, f"fell from {rouge_l('output-headwise')} to {rouge_l(run(2, False))} ROUGE-L")
-    quoted(sparse, f"against the dense headwise gate's {rouge_l('output-headwise')}")
-    quoted(
+    assert says(sparse, f"fell from {rouge_l('output-headwise')} to {rouge_l(run(2, False))} ROUGE-L")
+    assert says(sparse, f"against the dense headwise gate's {rouge_l('output-headwise')}")
+    assert says(
         sparse,
         f"keeping 2 of 3, {rouge_l(run(2, True))}, delta {delta(2, True)} "
         f"(zeroing: {rouge_l(run(2, False))}), validation loss {loss(run(2, True))} "
@@ -259,14 +260,14 @@ def test_the_sparse_runs_as_quoted():
         f"(zeroing: {rouge_l(run(1, False))}), validation loss {loss(run(1, True))}.",
     )
     speeds = sorted(ratio(verdicts[run(k, True)]["speedup (median [rounds])"]) for k in (1, 2))
-    quoted(sparse, f"both runs are {x2(speeds[0])}-{x2(speeds[1])[1:]} the baseline's speed")
+    assert says(sparse, f"both runs are {x2(speeds[0])}-{x2(speeds[1])[1:]} the baseline's speed")
 
 
 def test_the_diagnostics_as_quoted():
     rows = table(RESULTS / "diagnostics" / "DIAGNOSTICS.md", "model", "first-token attn")
     fine_tuned = sorted(rows[m]["first-token attn"] for m in rows if m != "pretrained" and "top" not in m)
     assert len(fine_tuned) == 4  # the baseline and the three dense gates
-    quoted(
+    assert says(
         README,
         f"first-token attention {rows['pretrained']['first-token attn']} in the pretrained model and "
         f"{fine_tuned[0]} to {fine_tuned[-1]} in the fine-tuned ones",
@@ -277,7 +278,7 @@ def test_the_study_as_quoted():
     rows = table(RESULTS / "STUDY.md", "run", "test loss", "max |h|")
     baseline, gated = rows["baseline"], rows["output-elementwise"]
     assert baseline["seeds"] == gated["seeds"] == "3"
-    quoted(
+    assert says(
         README,
         f"lowers the test loss from {baseline['test loss']} to {gated['test loss']} and the max "
         f"|hidden state| from {first(baseline['max |h|'])} to {first(gated['max |h|'])} (3 seeds)",
@@ -286,7 +287,7 @@ def test_the_study_as_quoted():
     def whole(cell):
         return Decimal(first(cell)).quantize(Decimal("1"), rounding=ROUND_HALF_UP)
 
-    quoted(
+    assert says(
         REPO / "docs" / "recipes.md",
         f"lowers the test loss from {baseline['test loss']} to {gated['test loss']} "
         f"(3 seeds, 95 % t-intervals; perplexity {whole(baseline['test ppl'])} -> "
@@ -309,7 +310,7 @@ def classification(name: str) -> dict[str, str]:
 
 def test_the_classification_results_as_quoted():
     text, image = classification("classify-text"), classification("classify-image")
-    quoted(
+    assert says(
         README,
         f"BBC News accuracy {text['baseline']} % ungated and {text['gated']} % gated "
         f"({first(text['delta'])}, the same predictions), MNIST {image['baseline']} % and "
@@ -330,7 +331,7 @@ def test_the_distillation_as_quoted():
     questions = table(path, "pair", "ROUGE-L delta, points [CI]", "verdict")
     kd, gate = (questions[q] for q in questions)
     assert kd["verdict"] == gate["verdict"] == "inconclusive"
-    quoted(
+    assert says(
         README,
         f"logit KD {kd['ROUGE-L delta, points [CI]']} ROUGE-L points, gate matching on top of it "
         f"{gate['ROUGE-L delta, points [CI]']}: both inconclusive",
@@ -372,14 +373,14 @@ def test_the_cpu_benchmarks_as_quoted():
     decode = bench("decode.md")
     static, dynamic = "decode (static cache)", "decode (dynamic cache)"
     top1, top2 = "top-1 of 3 kv groups", "top-2 of 3 kv groups"
-    quoted(
+    assert says(
         sparse,
         f"keeping 1 of 3 groups, decode {speedup(decode, static, '8,192', top1)} faster than ungated at 8k "
         f"context and {speedup(decode, static, '4,096', top1)} at 4k with a static cache, "
         f"{speedup(decode, dynamic, '8,192', top1)} and {speedup(decode, dynamic, '4,096', top1)} with the "
         f"default dynamic cache",
     )
-    quoted(
+    assert says(
         sparse,
         f"the 2k prefill {speedup(decode, 'prefill', '2,048', top1)} faster (top-1) to "
         f"{speedup(decode, 'prefill', '2,048', top2)} (top-2",
@@ -394,7 +395,7 @@ def test_the_cpu_benchmarks_as_quoted():
         return f"{x2(found[0])} to {x2(found[-1])}"
 
     head, elem = "output/headwise", "output/elementwise"
-    quoted(
+    assert says(
         backends,
         f"{head} {at_decode(head)} of the ungated time at decode (1k/4k/8k, dynamic and static cache), "
         f"{time_ratio(decode, 'prefill', '2,048', head)} at the 2k prefill, "
@@ -404,7 +405,7 @@ def test_the_cpu_benchmarks_as_quoted():
     )
 
     prefill_train = bench("sparse_prefill_train.md")
-    quoted(
+    assert says(
         sparse,
         f"the 2k prefill is {speedup(prefill_train, 'prefill', '2,048', top1)} faster (top-1) and "
         f"{speedup(prefill_train, 'prefill', '2,048', top2)} (top-2), and a 1k training step "
@@ -412,7 +413,7 @@ def test_the_cpu_benchmarks_as_quoted():
         f"{speedup(prefill_train, 'train', '1,024', top2)}",
     )
     reads1, reads2 = "top-1 of 3, sink 4 + window 64", "top-2 of 3, sink 4 + window 64"
-    quoted(
+    assert says(
         sparse,
         f"a 2k prefill takes {time_ratio(prefill_train, 'prefill', '2,048', reads1)} (keeping 1 of 3) and "
         f"{time_ratio(prefill_train, 'prefill', '2,048', reads2)} (2 of 3) the ungated time, "
@@ -426,7 +427,7 @@ def test_the_cpu_benchmarks_as_quoted():
         for (phase, _, case), r in reads.items()
         if phase == static and case == reads2
     )
-    quoted(
+    assert says(
         sparse,
         "Decode keeping 1 of 3 at 8k tokens is "
         f"{speedup(reads, static, '8,192', reads1)} faster than ungated "

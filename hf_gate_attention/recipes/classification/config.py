@@ -69,12 +69,9 @@ class ClassificationConfig(RecipeConfigBase, TrainingKeys):
 
     def _validate(self) -> None:
         check_shared_keys(self)
-        if self.bf16 and self.fp16:
-            raise ValueError("bf16 and fp16 are both true; pick one")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
-        positive = ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "n_bootstrap")
-        positive += ("speed_examples", "speed_batch_size", "speed_rounds", "logging_steps", "save_steps")
+        positive = ("max_length", "n_bootstrap", "speed_examples", "speed_batch_size", "speed_rounds")
         positive += ("image_size",) if self.image_size is not None else ()
         for key in positive:
             if getattr(self, key) < 1:

@@ -55,17 +55,15 @@ class SummaryKeys:
 
 def check_summary_keys(config) -> None:
     """The checks of the keys every summary-generating recipe's config has (prompt truncation and budgets,
-    precision, evaluation); `ValueError` naming the key and what is accepted."""
+    evaluation); `ValueError` naming the key and what is accepted."""
     if config.truncation not in TRUNCATION_STRATEGIES:
         raise ValueError(
             f"truncation={config.truncation!r} is not valid; accepted: {', '.join(TRUNCATION_STRATEGIES)}"
         )
-    if config.bf16 and config.fp16:
-        raise ValueError("bf16 and fp16 are both true; pick one")
     if not 0 < config.confidence < 1:
         raise ValueError(f"confidence={config.confidence} must be in (0, 1)")
     positive = ("doc_token_budget", "max_summary_tokens", "max_new_tokens", "generation_batch_size")
-    positive += ("n_bootstrap", "speed_examples", "speed_rounds", "per_device_train_batch_size")
+    positive += ("n_bootstrap", "speed_examples", "speed_rounds")  # training keys: check_training_keys
     for key, minimum in [(key, 1) for key in positive] + [("speed_new_tokens", 2)]:
         if getattr(config, key) < minimum:
             raise ValueError(f"{key}={getattr(config, key)} must be >= {minimum}")

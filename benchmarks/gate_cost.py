@@ -6,7 +6,10 @@ case's ratio is the median over rounds of (case / ungated of the same round), wi
 The gate is the headwise output gate (`init="paper"`: the paper's G1, 9 heads per layer).
 
 - `ungated`: the model as loaded.
-- `patched`: `patch(model, GateConfig(init="paper"), backend=--backend)`: what users run.
+- `patched`: `patch(model, GateConfig(init="paper"), backend=--backend)`: what users run (backend `torch`:
+  hook-free, `core/hooks.py: InlineForward` and `AttentionGate.gated`).
+- `patched, hooks`: the same gate run from hooks with `apply_gate` (`core/hooks.py: use_hooks`), as `patch`
+  ran it before the hook-free path: same bits.
 - `no-op hooks`: three hooks per layer that do nothing, where `patch` puts its own (a forward pre-hook on the
   attention block, a forward hook on `q_proj`, a forward pre-hook on `o_proj`): the cost of hook dispatch.
 - `inline, own GEMM`: no hook at all; `q_proj` and `o_proj` get a `forward` of their instance (as
@@ -46,9 +49,10 @@ from overhead import load_model
 from torch.nn import functional as F
 
 from hf_gate_attention import GateConfig, patch, unpatch
+from hf_gate_attention.core.hooks import use_hooks
 from hf_gate_attention.offline import resolve_model
 
-CASES = ("ungated", "patched", "no-op hooks", "inline, own GEMM", "inline, merged GEMM")
+CASES = ("ungated", "patched", "patched, hooks", "no-op hooks", "inline, own GEMM", "inline, merged GEMM")
 
 
 class InlineQuery:
@@ -110,8 +114,10 @@ class Cases:
 
     def install(self, case: str) -> list:
         """What `case` adds to the model; returns the hook handles (inline cases set instance forwards)."""
-        if case == "patched":
+        if case.startswith("patched"):
             patch(self.model, GateConfig(init="paper"), backend=self.backend)
+            if case == "patched, hooks":
+                use_hooks(self.model)
             return []
         handles = []
         for layer, (weight, bias) in zip(self.model.model.layers, self.gates, strict=True):
@@ -131,7 +137,7 @@ class Cases:
         return handles
 
     def remove(self, case: str, handles: list) -> None:
-        if case == "patched":
+        if case.startswith("patched"):
             unpatch(self.model)
         for handle in handles:
             handle.remove()

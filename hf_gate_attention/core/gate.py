@@ -115,6 +115,23 @@ class AttentionGate(nn.Module):
         keep = self.selection(gate)
         return (gate if self.dropped_reads_keys else gate * keep.unsqueeze(-1)), keep
 
+    def gated(self, values: torch.Tensor, x=None, q=None, k=None) -> torch.Tensor:
+        """`apply_gate(values, self(x, q, k))` for a dense gate (no `top_k`) in fewest torch ops: it runs per
+        layer and token, where on a CPU each op's dispatch costs more than the gate's arithmetic
+        (benchmarks/gate_cost.py). `values: (..., G*D)`; returns the same shape and dtype, with the same bits:
+        the sigmoid in the logits' dtype where that rounds like the float32 formula (`rounds_like_float32`;
+        below float32 only without gradients, whose bits it would change), the scale folded into the
+        multiply. Skips the module call: callers check `called_bare(gate)`."""
+        logits = self.gate_variant.logits(self, x, q, k)  # (..., G, w)
+        heads = values.view(*values.shape[:-1], self.num_gated_heads, -1)  # (..., G, D)
+        same_bits = rounds_like_float32(values.dtype, logits.dtype, self.scale, None)
+        if not same_bits or (values.dtype != torch.float32 and torch.is_grad_enabled()):
+            return (heads * self._sigmoid(logits).to(values.dtype)).flatten(-2)
+        gate = torch.sigmoid(logits)
+        if self.scale == 1.0:
+            return (heads * gate).flatten(-2)
+        return torch.addcmul(_ZERO, heads, gate, value=self.scale).flatten(-2)  # scale * heads * gate
+
     def _sigmoid(self, logits: torch.Tensor) -> torch.Tensor:
         """`scale * sigmoid(logits)` in float32, in as few ops as possible (it runs per layer and token)."""
         gate = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
@@ -127,6 +144,36 @@ class AttentionGate(nn.Module):
             score = score.unflatten(-1, (-1, self.heads_per_unit)).sum(-1)  # (..., KV)
         keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
         return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
+
+
+_ZERO = torch.zeros(())  # the `input` of the one-op scaled multiply (`AttentionGate.gated`)
+
+
+def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scale: float, keep) -> bool:
+    """Whether `torch.sigmoid(logits) * gate_scale`, in `dtype`, gives the bits of the float32 formula
+    (`sigmoid(logits.float()) * gate_scale`, cast to `dtype`) with two ops (bfloat16: four) fewer. PyTorch
+    computes a bfloat16/float16 sigmoid in float32 and rounds once, as the cast does (checked on every
+    bfloat16 and float16 value, `tests/kernels/test_fused_gate.py`); a scale of 2 is exact but comes after the
+    rounding, which differs where the sigmoid is subnormal: below 1.2e-38 in bfloat16 (logits <= -87), below
+    6.1e-5 in float16 (logits < -9.7, so float16 takes this formula only with scale 1). Without `keep` (a
+    float32 keep would promote the gate to float32)."""
+    if keep is not None or logits_dtype != dtype or gate_scale not in (1.0, 2.0):
+        return False
+    return dtype in (torch.float32, torch.bfloat16) or (dtype == torch.float16 and gate_scale == 1.0)
+
+
+def called_bare(module: nn.Module) -> bool:
+    """Whether calling `module` would run its `forward` alone: no hook on it, none on every module."""
+    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks)
+    return not any(hooks) and not module._backward_pre_hooks and not any(_GLOBAL_HOOKS)
+
+
+_GLOBAL_HOOKS = (  # torch's dicts of the hooks registered on every module
+    torch.nn.modules.module._global_forward_hooks,
+    torch.nn.modules.module._global_forward_pre_hooks,
+    torch.nn.modules.module._global_backward_hooks,
+    torch.nn.modules.module._global_backward_pre_hooks,
+)
 
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

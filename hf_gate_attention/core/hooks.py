@@ -28,7 +28,7 @@ from .families import (
     registered_family,
     unrecognised_attention,
 )
-from .gate import AttentionGate, apply_gate
+from .gate import AttentionGate, apply_gate, called_bare
 
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
@@ -81,6 +81,8 @@ class _BlockPatch:
         self.roles = self._roles()
         self.path_parts = {path: tuple(path.split(".")) for path in self.roles}
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
+        # dense gates run the projections' parts from instance `forward`s, not hooks (`InlineForward`)
+        self.inline = gate_multiply is None and not gate_in_attention and config.top_k is None
         self.block_handle = block.register_forward_pre_hook(self._sync_hooks)
         self._sync_hooks(block, ())
         if gate_in_attention:
@@ -122,12 +124,16 @@ class _BlockPatch:
             if hooked is not None and hooked[0] is module:
                 continue
             self._remove(path)
-            handles = []
             hook = self._projection_hook(path, roles)
-            if hook is not None:
-                handles.append(module.register_forward_hook(hook))
-            if "output" in roles:
-                handles.append(module.register_forward_pre_hook(self._before_output))
+            before = self._before_output if "output" in roles else None
+            if hook is None and before is None:
+                handles = []
+            elif self.inline and "forward" not in module.__dict__:
+                handles = [InlineForward(module, before, hook)]
+            else:
+                handles = [module.register_forward_hook(hook)] if hook is not None else []
+                if before is not None:
+                    handles.append(module.register_forward_pre_hook(before))
             self.hooked[path] = (module, handles)
 
     def query_computes_logits(self) -> None:
@@ -226,10 +232,13 @@ class _BlockPatch:
     def _apply(self, values: torch.Tensor, inputs: dict) -> torch.Tensor:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
+        gate = self.gate()
         if self.gate_multiply is not None:
-            logits, keep = self.gate()(**inputs, logits_only=True)
+            logits, keep = gate(**inputs, logits_only=True)
             return self.gate_multiply(values, logits, self.scale, keep)
-        return apply_gate(values, self.gate()(**inputs))
+        if self.inline and type(gate) is AttentionGate and called_bare(gate):
+            return gate.gated(values, **inputs)
+        return apply_gate(values, gate(**inputs))
 
     def take_gate_logits(self):
         """For the fused attention function: `(logits (B, L, H, w), keep (B, L, H) or None, scale)`."""
@@ -251,6 +260,45 @@ class _BlockPatch:
         if self.stash.pop("fused", False):  # the attention function already applied the gate
             return None
         return (self._apply(args[0], self._take_inputs()), *args[1:])
+
+
+class InlineForward:
+    """A projection's hooks run as the `forward` of its instance instead: `before(module, args)` may replace
+    the arguments (the output projection's gate), then the class's `forward`, then `after(module, args,
+    output)` may replace the output (the hook that keeps the gate's inputs). The same functions as the hooks,
+    without hook dispatch, which costs as much as the gate's arithmetic in a CPU decode step
+    (benchmarks/gate_cost.py). Used where the module has no instance `forward` of its own; `remove()` takes it
+    off. An object, not a closure, so that `copy.deepcopy(model)` gives the copy's projection the copy's
+    block patch."""
+
+    def __init__(self, module: nn.Module, before, after):
+        self.module, self.before, self.after = module, before, after
+        module.forward = self
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        if self.before is not None:
+            args = self.before(module, args) or args
+        output = type(module).forward(module, *args, **kwargs)
+        if self.after is not None:
+            replaced = self.after(module, args, output)
+            return output if replaced is None else replaced
+        return output
+
+    def remove(self) -> None:
+        if self.module.__dict__.get("forward") is self:
+            del self.module.forward
+
+
+def use_hooks(model: nn.Module) -> None:
+    """Run a patched model's gates from hooks with `apply_gate` again, as before `InlineForward`: the
+    reference that tests and benchmarks/gate_cost.py compare the hook-free path to (same bits, more host
+    time)."""
+    for block_patch in getattr(unwrap_model(model), PATCHES_ATTRIBUTE):
+        block_patch.inline = False
+        for path in list(block_patch.hooked):
+            block_patch._remove(path)
+        block_patch._sync_hooks(block_patch.block, ())
 
 
 def _in_parts(name: str, parts) -> bool:

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from ..core.gate import rounds_like_float32
 from .reference import sigmoid_gate
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -484,19 +485,6 @@ class RecomputedSigmoidGate(torch.autograd.Function):
                 grad_gate = grad_gate * keep.unsqueeze(-1)
             grad_logits = torch.ops.aten.sigmoid_backward(grad_gate * ctx.scale, sigmoid).to(logits.dtype)
         return grad_values, grad_logits, None, None
-
-
-def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scale: float, keep) -> bool:
-    """Whether `torch.sigmoid(logits) * gate_scale`, in `dtype`, gives the bits of the float32 formula
-    `sigmoid_gate(logits, gate_scale, None).to(dtype)` with two ops (bfloat16: four) fewer, for host-bound
-    calls. PyTorch computes a bfloat16/float16 sigmoid in float32 and rounds once, as the cast does (checked
-    on every bfloat16 and float16 value, `tests/kernels/test_fused_gate.py`); a scale of 2 is exact but
-    comes after the rounding, which differs where the sigmoid is subnormal: below 1.2e-38 in bfloat16 (logits
-    <= -87), below 6.1e-5 in float16 (logits < -9.7, so float16 takes this formula only with scale 1).
-    Without `keep` (a float32 keep would promote the gate to float32)."""
-    if keep is not None or logits_dtype != dtype or gate_scale not in (1.0, 2.0):
-        return False
-    return dtype in (torch.float32, torch.bfloat16) or (dtype == torch.float16 and gate_scale == 1.0)
 
 
 def gate_multiply_unchecked(

@@ -207,7 +207,7 @@ def test_greedy_generation_equals_torch(variant, backend):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sigmoid_in_half_precision_rounds_like_the_float32_formula(dtype):
-    """Eager decode's gate (`kernels/ops.py: rounds_like_float32`) takes the sigmoid in the model's dtype
+    """Eager decode's gate (`core/gate.py: rounds_like_float32`) takes the sigmoid in the model's dtype
     for the float32 formula's cast: the same bits for every finite value, on this device's kernels."""
     every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).to(DEVICE)
     logits = every[torch.isfinite(every)]

@@ -1,0 +1,145 @@
+"""Dense gates on backend `torch` run from instance `forward`s of the projections, not hooks
+(`core/hooks.py: InlineForward`), and multiply in fewest ops (`AttentionGate.gated`): the same bits as the
+hook path with `apply_gate`, forward and backward, in float32 and bfloat16, under PEFT wrapping, deep copies
+and hooks on the gate; and no more torch ops per layer than the gate's formula needs."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+import transformers
+from helpers import tiny_inputs, tiny_model
+
+from hf_gate_attention import GateConfig, patch, unpatch
+from hf_gate_attention.core.hooks import InlineForward, use_hooks
+
+GATES = [
+    {"variant": "output", "granularity": "headwise"},
+    {"variant": "output", "granularity": "elementwise", "init": "identity"},
+    {"variant": "value", "granularity": "headwise"},
+    {"variant": "qk", "granularity": "elementwise"},
+]
+
+
+def _pair(dtype=torch.float32, **gate) -> tuple:
+    """(hook-free model, hook-path model): the same tiny Llama and gate weights (`init="paper"` unless
+    given, so that no gate is a no-op)."""
+    config = GateConfig(**{"init": "paper", **gate})
+    model = patch(tiny_model("llama", attn_implementation="sdpa").to(dtype), config, backend="torch")
+    reference = copy.deepcopy(model)
+    use_hooks(reference)
+    return model, reference
+
+
+def _assert_same_bits(model, reference, inputs, backward: bool = True) -> None:
+    for side in (model, reference) if backward else ():
+        side.zero_grad()
+        side(**inputs).logits.float().square().mean().backward()
+    torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, rtol=0, atol=0)
+    grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name].grad, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("gate", GATES, ids=lambda gate: "-".join(gate.values()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_same_bits_as_the_hooks_forward_and_backward(gate, dtype):
+    model, reference = _pair(dtype, **gate)
+    projections = model.model.layers[0].self_attn
+    assert isinstance(projections.o_proj.__dict__.get("forward"), InlineForward) == (
+        gate["variant"] != "value"
+    )
+    assert not projections.q_proj._forward_hooks and not projections.o_proj._forward_pre_hooks
+    _assert_same_bits(model, reference, tiny_inputs("llama", length=13, seed=2))
+    with torch.no_grad():  # the sigmoid in bfloat16 without gradients
+        inputs = tiny_inputs("llama", length=5, seed=3)
+        torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, rtol=0, atol=0)
+
+
+def test_peft_wrapping_after_patch_moves_the_forwards_to_the_wrappers():
+    """LoRA on every projection, added after `patch`: the gate still multiplies the input of the whole wrapped
+    output projection (base layer and LoRA), as the hooks do."""
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(
+        r=2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False
+    )
+    model, reference = _pair()
+    models = []
+    for side in (model, reference):
+        torch.manual_seed(5)
+        models.append(peft.get_peft_model(side, lora))
+    inputs = tiny_inputs("llama", seed=4)
+    _assert_same_bits(*models, inputs)
+    output = models[0].get_base_model().model.layers[0].self_attn.o_proj
+    assert isinstance(output.__dict__.get("forward"), InlineForward)  # the LoRA wrapper
+    assert "forward" not in output.base_layer.__dict__
+    merged = [side.merge_and_unload() for side in models]
+    _assert_same_bits(*merged, inputs, backward=False)  # nothing trainable left
+
+
+def test_hooks_on_the_gate_still_run():
+    """A hook on `attn_gate` (the recipes' gate recorders) sees every call: the module is called then."""
+    model, reference = _pair()
+    seen = []
+    model.model.layers[1].self_attn.attn_gate.register_forward_hook(
+        lambda module, args, out: seen.append(out)
+    )
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, rtol=0, atol=0)
+    assert len(seen) == 1 and seen[0].shape == (2, 11, 4, 1)
+
+
+def test_deep_copy_and_unpatch():
+    model, _ = _pair()
+    copied = copy.deepcopy(model)
+    forward = copied.model.layers[0].self_attn.o_proj.forward
+    assert isinstance(forward, InlineForward) and forward.module is copied.model.layers[0].self_attn.o_proj
+    inputs = tiny_inputs("llama")
+    with torch.no_grad():
+        expected = model(**inputs).logits
+        unpatch(copied)
+        torch.testing.assert_close(model(**inputs).logits, expected, rtol=0, atol=0)  # the original is intact
+    for layer in copied.model.layers:
+        assert all("forward" not in module.__dict__ for module in layer.modules())
+
+
+def _added_ops_per_layer(model, config) -> Counter:
+    """The torch ops called from Python in one eager decode step of `model` patched with `config`, minus
+    those of the same model ungated, per layer."""
+
+    def step_ops() -> Counter:
+        prompt, token = torch.randint(3, 64, (1, 8)), torch.randint(3, 64, (1, 1))
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=prompt, cache=cache, use_cache=True)
+            with torch.profiler.profile() as profile:
+                model(input_ids=token, cache=cache, use_cache=True)
+        return Counter(
+            event.name
+            for event in profile.events()
+            if event.name.startswith("aten::")
+            and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
+        )
+
+    ungated = step_ops()
+    patch(model, config, backend="torch")
+    added = step_ops() - ungated
+    layers = model.config.num_hidden_layers
+    assert all(count % layers == 0 for count in added.values()), added
+    return Counter({name: count // layers for name, count in added.items()})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("init", ["paper", "identity"])  # gate scale 1 and 2
+def test_eager_decode_step_adds_the_gate_formula_and_three_views(init, dtype):
+    """Per layer and token: the gate's GEMM, its sigmoid and one multiply (the identity init's scale of 2 in
+    the same op), plus the views to heads and back; no cast in bfloat16."""
+    model = tiny_model("llama", attn_implementation="sdpa").to(dtype)
+    added = _added_ops_per_layer(model, GateConfig(variant="output", init=init))
+    multiply = "aten::mul" if init == "paper" else "aten::addcmul"
+    views = {"aten::view": 2, "aten::flatten": 1}
+    assert added == Counter({"aten::linear": 1, "aten::sigmoid": 1, multiply: 1} | views)

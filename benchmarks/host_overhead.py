@@ -5,10 +5,11 @@ Eager decode of a small batch is host-bound: on an H200 every gate path cost x1.
 16-layer Llama (hidden 64, so that the tensor work is negligible) decodes `--steps` single tokens after a
 32-token prompt, one thread, ungated and gated (`output/headwise`, `init="paper"`) on each backend of
 `--backends`, in interleaved rounds after a warm-up round (benchmarks/harness.py); it prints the median time
-per step and the added time per layer (median over rounds), with the range of the rounds, and the aten ops
+per step and the added time per layer (median over rounds), with the range of the rounds, the aten ops
 each gate adds per layer to one step (calls from Python into the dispatcher: on a GPU, each one is host work,
-and each that computes a kernel launch; a count, not a timing, so it does not depend on the machine), and
-writes the same as CSV. `--dtype bfloat16` as on the GPU (its casts are real ops there; on this CPU its
+and each that computes a kernel launch; a count, not a timing, so it does not depend on the machine), and the
+Python function calls it adds (also a count). Backend `torch, hooks`: the torch backend's gates run from hooks
+as before its hook-free path (`core/hooks.py: use_hooks`). It writes the same as CSV. `--dtype bfloat16` as on the GPU (its casts are real ops there; on this CPU its
 arithmetic is slow, so the times then mix in compute).
 
     HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -30,8 +32,10 @@ from harness import interleaved, markdown_table, median_range, write_csv
 from torch.profiler import profile
 
 from hf_gate_attention import GateConfig, patch, unpatch
+from hf_gate_attention.core.hooks import use_hooks
 
 LAYERS = 16
+HOOKS = ", hooks"  # a backend's name + this: its gates run from hooks (`core/hooks.py: use_hooks`)
 
 
 def step_seconds(model, steps: int) -> float:
@@ -58,9 +62,28 @@ def ops_per_step(model) -> int:
     return sum(not (event.cpu_parent and event.cpu_parent.name.startswith("aten::")) for event in aten)
 
 
+def python_calls_per_step(model) -> int:
+    """The Python function calls (the interpreter's `call` events; C functions apart) in one decode step."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        model(input_ids=torch.zeros(1, 32, dtype=torch.long), cache=cache, use_cache=True)
+        sys.setprofile(count)
+        try:
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long), cache=cache, use_cache=True)
+        finally:
+            sys.setprofile(None)
+    return calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backends", nargs="+", default=["torch", "fused_gate"])
+    parser.add_argument("--backends", nargs="+", default=["torch", f"torch{HOOKS}", "fused_gate"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -83,13 +106,16 @@ def main() -> None:
 
     def measure(case, measurement, *options):
         if case != "ungated":
-            patch(model, GateConfig(init=args.init), backend=case)
+            patch(model, GateConfig(init=args.init), backend=case.removesuffix(HOOKS))
+            if case.endswith(HOOKS):
+                use_hooks(model)
         result = measurement(model, *options)
         if case != "ungated":
             unpatch(model)
         return result
 
     ops = {case: measure(case, ops_per_step) for case in cases}
+    calls = {case: measure(case, python_calls_per_step) for case in cases}
     seconds = interleaved(lambda case: measure(case, step_seconds, args.steps), cases, args.rounds)
     rows = []
     for case in cases:
@@ -103,6 +129,7 @@ def main() -> None:
                 "added_min": low,
                 "added_max": high,
                 "added_ops_per_layer": (ops[case] - ops["ungated"]) / LAYERS,
+                "added_python_calls_per_layer": (calls[case] - calls["ungated"]) / LAYERS,
             }
         )
     cells = [
@@ -111,10 +138,12 @@ def main() -> None:
             f"{r['ms_per_step']:.2f}",
             f"{r['added_us_per_layer']:.0f} [{r['added_min']:.0f}, {r['added_max']:.0f}]",
             f"{r['added_ops_per_layer']:g}",
+            f"{r['added_python_calls_per_layer']:g}",
         ]
         for r in rows
     ]
     header = ["case", "ms per step", "added us per layer [min, max]", "added aten ops per layer"]
+    header.append("added Python calls per layer")
     print(f"{args.dtype}, init={args.init}")
     print("\n".join(markdown_table(header, cells)))
     write_csv(Path(args.out), rows)

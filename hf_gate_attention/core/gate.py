@@ -62,6 +62,15 @@ class AttentionGate(nn.Module):
         if config.init == "paper":
             nn.init.normal_(self.weight, std=init_std)
 
+    def _replicate_for_data_parallel(self):
+        """Refuse `torch.nn.DataParallel`: its replicas would share the block patch of the original (one stash
+        for all its threads, the original's instance `forward`s)."""
+        raise RuntimeError(
+            "gated attention: torch.nn.DataParallel is not supported (the Trainer wraps the model in it when "
+            "it sees several GPUs without a distributed launch): launch with torchrun or `accelerate launch` "
+            "(DistributedDataParallel), or make one GPU visible (CUDA_VISIBLE_DEVICES)"
+        )
+
     def extra_repr(self) -> str:
         return (
             f"variant={self.variant}, heads={self.num_gated_heads}, width={self.width}, scale={self.scale}, "

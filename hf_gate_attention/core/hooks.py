@@ -83,7 +83,7 @@ class _BlockPatch:
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
         # dense gates run the projections' parts from instance `forward`s, not hooks (`InlineForward`)
         self.inline = gate_multiply is None and not gate_in_attention and config.top_k is None
-        self.block_handle = block.register_forward_pre_hook(self._sync_hooks)
+        self.block_handle = self._hook_block()
         self._sync_hooks(block, ())
         if gate_in_attention:
             for module in block.modules():
@@ -99,22 +99,22 @@ class _BlockPatch:
             roles.setdefault(self.family.output, set()).add("output")
         return {path: frozenset(names) for path, names in roles.items()}
 
+    def _hook_block(self):
+        """`_sync_hooks` before every forward of the block: from an instance `forward` of the block where the
+        projections run without hooks (`InlineForward`: a hook on the block would send every call of it
+        through `nn.Module`'s slower path for hooked modules), else a forward pre-hook."""
+        if self.inline and "forward" not in self.block.__dict__:
+            return InlineForward(self.block, self._sync_hooks, None)
+        return self.block.register_forward_pre_hook(self._sync_hooks)
+
     def _sync_hooks(self, block, args):
         """(Re)attach hooks to the modules now at the family's paths (they change when PEFT wraps them).
 
         Runs before every forward of the block: the paths are walked through `_modules` directly, since
-        `get_submodule` costs a third of the hooks' host time in a decode step. Refuses a block that is not
-        this patch's own but shares its hooks: a `torch.nn.DataParallel` replica, whose threads would share
-        one stash (and re-register hooks in the original's hook dicts). Empties the stash: a projection
-        called again within the forward (DeBERTa's query projection also maps the relative position
-        embeddings) keeps what its first call of this forward stashed."""
-        if block is not self.block:
-            raise RuntimeError(
-                "gated attention: this block is a replica sharing the original's hooks, as "
-                "torch.nn.DataParallel makes them (the Trainer wraps the model in it when it sees several "
-                "GPUs without a distributed launch); not supported: launch with torchrun or `accelerate "
-                "launch` (DistributedDataParallel), or make one GPU visible (CUDA_VISIBLE_DEVICES)"
-            )
+        `get_submodule` costs a third of the hooks' host time in a decode step. Empties the stash: a
+        projection called again within the forward (DeBERTa's query projection also maps the relative
+        position embeddings) keeps what its first call of this forward stashed. (`torch.nn.DataParallel`
+        replicas, whose threads would share one stash, are refused by the gate: `AttentionGate`.)"""
         self.stash.clear()
         for path, roles in self.roles.items():
             module = block
@@ -298,6 +298,8 @@ def use_hooks(model: nn.Module) -> None:
         block_patch.inline = False
         for path in list(block_patch.hooked):
             block_patch._remove(path)
+        block_patch.block_handle.remove()
+        block_patch.block_handle = block_patch._hook_block()
         block_patch._sync_hooks(block_patch.block, ())
 
 

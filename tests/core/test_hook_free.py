@@ -53,6 +53,7 @@ def test_same_bits_as_the_hooks_forward_and_backward(gate, dtype):
         gate["variant"] != "value"
     )
     assert not projections.q_proj._forward_hooks and not projections.o_proj._forward_pre_hooks
+    assert isinstance(projections.__dict__["forward"], InlineForward) and not projections._forward_pre_hooks
     _assert_same_bits(model, reference, tiny_inputs("llama", length=13, seed=2))
     with torch.no_grad():  # the sigmoid in bfloat16 without gradients
         inputs = tiny_inputs("llama", length=5, seed=3)

@@ -153,8 +153,8 @@ def _data_parallel_replica(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def test_a_data_parallel_replica_is_refused_with_the_alternatives():
-    """`nn.DataParallel` replicas share the original's hooks and would share one stash across its threads:
-    the block's pre-hook refuses them, naming what to do instead; the original still runs."""
+    """`nn.DataParallel` replicas would share the original's block patches (one stash across its threads):
+    replicating the gate is refused, naming what to do instead; the original still runs."""
     model = _gated()
     inputs = tiny_inputs("llama")
     with torch.no_grad():

@@ -1,0 +1,205 @@
+"""The article's speed claim (+18 % inference speed) judged where it is made: summaries of long documents.
+
+One summary = the prefill of a `--lengths`-token document (KV cache on, last logits only) and `--new-tokens`
+single-token decode steps on that cache, as `generate` runs them (batch 1, DynamicCache), for each case:
+the ungated SmolLM2-135M-Instruct, the dense gates of the reproduction (`output` headwise and elementwise,
+`qk` headwise) and its sparse runs that keep quality (top-2 / top-1 of 3 key/value groups whose dropped
+groups read a sink of 4 and a window of 64 keys), all on backend `torch` (`benchmarks/decode.py`'s cases,
+`init="paper"`). Speed depends on the gates' shapes, not their trained values: the sparse runs keep a fixed
+number of groups per token, so untrained gates do the same work as the reproduction's trained ones (whose
+weights are not in git). Token ids are random for the same reason.
+
+Per length, every case runs once per round in an order rotated from round to round, after an untimed
+warm-up round (`harness.py`); ratios are medians over rounds of (case / ungated of the same round), with the
+range of the rounds. The verdict is `results/REPRODUCTION.md`'s rule: *reproduced* when every round is at
+least x1.18 faster per summary than ungated, *not reproduced* when no round is, *inconclusive* otherwise.
+Sparse runs are also compared with the dense headwise gate (the same gate without top-k). A profile of one
+summary per phase at the longest length says where the time goes (self CPU time of the top aten ops).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_document.py --out benchmarks/results/long_document
+
+Run it on an otherwise idle machine (about 25 min on 2 cores at the default lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from collections import Counter
+
+import torch
+import transformers
+from decode import BASELINE, Bench
+from harness import (
+    command_line,
+    cpu_model,
+    markdown_page,
+    markdown_table,
+    median_range,
+    ratios,
+    write_results,
+)
+from overhead import load_model
+
+from hf_gate_attention.offline import resolve_model
+
+CLAIM = 1.18
+DENSE = "output/headwise"
+CASES = [
+    BASELINE,
+    DENSE,
+    "output/elementwise",
+    "qk/headwise",
+    "top-2 of 3, sink 4 + window 64",
+    "top-1 of 3, sink 4 + window 64",
+]
+
+
+@torch.no_grad()
+def summary(bench: Bench, document: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds) of one summary of `document (1, L)`."""
+    bench.model.eval()
+    cache = transformers.DynamicCache(config=bench.model.config)
+    start = time.perf_counter()
+    logits = bench.model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    prefill = time.perf_counter() - start
+    token = logits[:, -1:].argmax(-1)
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        token = bench.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    return prefill, time.perf_counter() - start
+
+
+def verdict(speedups: list[float]) -> str:
+    if all(speedup >= CLAIM for speedup in speedups):
+        return "reproduced"
+    return "not reproduced" if all(speedup < CLAIM for speedup in speedups) else "inconclusive"
+
+
+def measure_length(bench: Bench, length: int, args) -> list[dict]:
+    document = bench.tokens(length)
+    times = {case: [] for case in CASES}
+    for index in range(args.rounds + 1):  # round 0: warm-up, untimed
+        shift = index % len(CASES)
+        for case in CASES[shift:] + CASES[:shift]:
+            bench.set_case(case)
+            prefill, decode = summary(bench, document, args.new_tokens)
+            if index:
+                times[case].append((prefill, decode))
+        if index:
+            done = ", ".join(f"{case} {sum(times[case][-1]):.2f} s" for case in CASES)
+            print(f"{length} tokens, round {index}/{args.rounds}: {done}", flush=True)
+    bench.set_case(BASELINE)
+    rows = []
+    for case in CASES:
+        total = [sum(pair) for pair in times[case]]
+        speedups = [1 / ratio for ratio in ratios(total, [sum(pair) for pair in times[BASELINE]])]
+        speedup, low, high = median_range(speedups)
+        versus_dense = median_range([1 / r for r in ratios(total, [sum(p) for p in times[DENSE]])])
+        phase_ratio = {
+            phase: median_range(ratios([p[i] for p in times[case]], [p[i] for p in times[BASELINE]]))[0]
+            for i, phase in enumerate(("prefill", "decode"))
+        }
+        rows.append(
+            {
+                "length": length,
+                "case": case,
+                "prefill_s": statistics.median(p[0] for p in times[case]),
+                "decode_s": statistics.median(p[1] for p in times[case]),
+                "summary_s": statistics.median(total),
+                "prefill_time_ratio": phase_ratio["prefill"],
+                "decode_time_ratio": phase_ratio["decode"],
+                "speedup": speedup,
+                "speedup_low": low,
+                "speedup_high": high,
+                "speedup_vs_dense": versus_dense[0],
+                "speedup_vs_dense_low": versus_dense[1],
+                "speedup_vs_dense_high": versus_dense[2],
+                "verdict": verdict(speedups),
+                "rounds": len(total),
+            }
+        )
+    return rows
+
+
+def profile_phases(bench: Bench, length: int, new_tokens: int, top: int = 6) -> list[dict]:
+    """Self CPU time of the top aten ops of one summary per phase, for the ungated, dense and sparse cases."""
+    rows = []
+    document = bench.tokens(length)
+    for case in (BASELINE, DENSE, CASES[-1]):
+        bench.set_case(case)
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=bench.model.config)
+            for phase in ("prefill", "decode"):
+                with torch.profiler.profile() as profile:
+                    steps = [document] if phase == "prefill" else [document[:, -1:]] * new_tokens
+                    for ids in steps:
+                        bench.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                spent = Counter()
+                for event in profile.key_averages():
+                    if event.key.startswith("aten::"):
+                        spent[event.key] += event.self_cpu_time_total
+                total = sum(spent.values())
+                for name, micros in spent.most_common(top):
+                    rows.append({"case": case, "phase": phase, "op": name, "share": micros / total})
+    bench.set_case(BASELINE)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--new-tokens", type=int, default=48, help="decoded tokens per summary")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per length, after a warm-up")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--out", default="benchmarks/results/long_document", help="writes <out>.csv/.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    bench = Bench(load_model(resolve_model("SmolLM2-135M-Instruct")))
+    rows = [row for length in args.lengths for row in measure_length(bench, length, args)]
+    profile = profile_phases(bench, max(args.lengths), args.new_tokens)
+    header = (
+        f"`{command_line()}` on {datetime.date.today()}: SmolLM2-135M-Instruct float32, backend 'torch', "
+        f"batch 1, one summary = prefill of the document + {args.new_tokens} decoded tokens; {args.rounds} "
+        f"interleaved rounds after a warm-up round; {cpu_model()}, {args.threads} threads; torch "
+        f"{torch.__version__}, transformers {transformers.__version__}. Speed-up: ungated seconds per "
+        f"summary / case's, median over rounds [lowest, highest round]. Claim: x{CLAIM} (+18 %), judged by "
+        "results/REPRODUCTION.md's rule (every round at least x1.18: reproduced; none: not reproduced)."
+    )
+    columns = ["document tokens", "case", "prefill s", "decode s", "s / summary", "prefill ratio"]
+    columns += ["decode ratio", "speed-up [rounds]", "vs dense headwise [rounds]", "+18 % claim"]
+    cells = [
+        [
+            f"{r['length']:,}",
+            r["case"],
+            f"{r['prefill_s']:.2f}",
+            f"{r['decode_s']:.2f}",
+            f"{r['summary_s']:.2f}",
+            f"x{r['prefill_time_ratio']:.3f}",
+            f"x{r['decode_time_ratio']:.3f}",
+            f"x{r['speedup']:.3f} [{r['speedup_low']:.3f}, {r['speedup_high']:.3f}]",
+            f"x{r['speedup_vs_dense']:.3f} "
+            f"[{r['speedup_vs_dense_low']:.3f}, {r['speedup_vs_dense_high']:.3f}]",
+            "" if r["case"] == BASELINE else r["verdict"],
+        ]
+        for r in rows
+    ]
+    table = markdown_table(columns, cells, "rlrrrrrlll")
+    profile_cells = [[r["case"], r["phase"], r["op"], f"{100 * r['share']:.1f} %"] for r in profile]
+    where = markdown_table(["case", "phase", "aten op", "share of aten self time"], profile_cells, "lllr")
+    lines = [
+        *table,
+        "",
+        "Ratios: case time / ungated time of the same round (prefill and decode apart); below 1 is faster.",
+        "",
+        f"## Where the time goes ({max(args.lengths):,}-token document, one summary)",
+        "",
+        *where,
+    ]
+    write_results(args.out, rows + profile, markdown_page(header, lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -9,8 +9,9 @@ per step and the added time per layer (median over rounds), with the range of th
 each gate adds per layer to one step (calls from Python into the dispatcher: on a GPU, each one is host work,
 and each that computes a kernel launch; a count, not a timing, so it does not depend on the machine), and the
 Python function calls it adds (also a count). Backend `torch, hooks`: the torch backend's gates run from hooks
-as before its hook-free path (`core/hooks.py: use_hooks`). It writes the same as CSV. `--dtype bfloat16` as on the GPU (its casts are real ops there; on this CPU its
-arithmetic is slow, so the times then mix in compute).
+as before its hook-free path (`core/hooks.py: use_hooks`). It writes the same as CSV. `--dtype bfloat16` as
+on the GPU (its casts are real ops there; on this CPU its arithmetic is slow, so the times then mix in
+compute).
 
     HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
 

@@ -22,6 +22,7 @@ otherwise idle machine.
 from __future__ import annotations
 
 import argparse
+import datetime
 import statistics
 import sys
 import time
@@ -29,7 +30,15 @@ from pathlib import Path
 
 import torch
 import transformers
-from harness import interleaved, markdown_table, median_range, write_csv
+from harness import (
+    command_line,
+    cpu_model,
+    interleaved,
+    markdown_page,
+    markdown_table,
+    median_range,
+    write_results,
+)
 from torch.profiler import profile
 
 from hf_gate_attention import GateConfig, patch, unpatch
@@ -89,7 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--init", choices=["paper", "identity"], default="paper", help="gate scale 1 or 2")
-    parser.add_argument("--out", default="host_overhead.csv")
+    parser.add_argument("--out", default="host_overhead.csv", help="writes this CSV and the same name .md")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -145,9 +154,14 @@ def main() -> None:
     ]
     header = ["case", "ms per step", "added us per layer [min, max]", "added aten ops per layer"]
     header.append("added Python calls per layer")
-    print(f"{args.dtype}, init={args.init}")
-    print("\n".join(markdown_table(header, cells)))
-    write_csv(Path(args.out), rows)
+    title = (
+        f"`{command_line()}` on {datetime.date.today()}: tiny {LAYERS}-layer Llama, {args.dtype}, "
+        f'GateConfig(init="{args.init}"), {args.rounds} interleaved rounds of {args.steps} decode steps; '
+        f"{cpu_model()}, 1 thread; torch {torch.__version__}."
+    )
+    page = markdown_page(title, markdown_table(header, cells))
+    print(page)
+    write_results(Path(args.out).with_suffix(""), rows, page)
 
 
 if __name__ == "__main__":

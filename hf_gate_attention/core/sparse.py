@@ -8,7 +8,9 @@ called per sequence and key/value group, only for the query rows that keep at le
 then the gate.
 
 - Decode (one query per sequence): each sequence of the batch reads only the KV cache of the groups it keeps;
-  with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache.
+  with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache. With `top_k_sink/top_k_window`,
+  a single sequence's step skips only where that skips enough keys to pay (`SKIP_DECODE_KEYS`); otherwise
+  it runs one SDPA call with each dropped head masked to its sink and window keys.
 - Prefill and training: a group that more than half the rows keep runs on all rows (one SDPA call for the
   layer when every group does); otherwise the kept query rows of each group are gathered, with their rows of
   the causal, padding or sliding-window mask. Gradients flow through the gather like through the masked
@@ -142,6 +144,12 @@ def sparse_attention_forward(
             streaming = streaming_keys(allowed, sink, window)
         else:
             reads = reads.transpose(1, 2)
+    if one_token and streaming is not None and not _skipping_pays(block_patch, keep, num_groups, key_length):
+        heads_keys = torch.where(keep.view(1, -1, 1, 1) > 0, allowed, streaming)  # (1, H, 1, S) bool
+        attended = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=heads_keys, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )  # (1, H, 1, D)
+        return _gated(attended.transpose(1, 2), keep, None, gate)
     if one_token:
         selection = (gate, keep, streaming)
         return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
@@ -207,6 +215,22 @@ def sparse_attention_forward(
                 kept = kept_by_group[b, rows, g].unsqueeze(-1) > 0  # (r, n, 1)
                 out[b, rows, heads] = torch.where(kept, out[b, rows, heads], window)
     return _gated(out, keep, reads, gate)
+
+
+# A decode step whose dropped groups read sink and window keys skips the rest of their keys only when it
+# skips at least this many keys in all (dropped groups x cache length); below, one SDPA call over every
+# group, each dropped head masked to its sink and window keys, costs less than the skipping path's extra ops
+# (benchmarks/results/decode_sink_window.md: on the 2-core CPU, skipping 1 group of SmolLM2's 3 was slower
+# than the dense gate up to 8,192 keys, skipping 2 faster from 4,096). `patch(sparse=True)` always skips.
+SKIP_DECODE_KEYS = 16384
+
+
+def _skipping_pays(block_patch, keep: torch.Tensor, num_groups: int, key_length: int) -> bool:
+    """Whether this decode step of one token skips the keys its dropped groups do not read."""
+    if block_patch.sparse:
+        return True
+    dropped_groups = num_groups - int(keep.view(num_groups, -1).amax(-1).count_nonzero())
+    return dropped_groups * key_length >= SKIP_DECODE_KEYS
 
 
 def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | None, gate: torch.Tensor):

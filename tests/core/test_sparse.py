@@ -186,11 +186,33 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
 def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch, length):
     """The same with `top_k_sink=2, top_k_window=3` and a 12- or 30-token prompt (long enough for the
     blocked reads of prefill): NaN in every cached position of a dropped group but the first 2 and the last
-    3 the step sees (its own key, written by the step, among them)."""
+    3 the step sees (its own key, written by the step, among them). `sparse=True`: a single sequence's step
+    skips those keys however few they are (`sparse.SKIP_DECODE_KEYS`)."""
     model = tiny_model("llama", **GQA)
-    patch(model, init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group", sparse=True, **STREAMING)
     prompt = tiny_inputs("llama", batch=batch, length=length)["input_ids"]
     _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, length - 3, length - 2])
+
+
+@pytest.mark.parametrize("skip_keys", [0, 10**9], ids=["skipping", "one-masked-call"])
+def test_single_sequence_decode_with_sink_and_window_skips_only_where_it_pays(monkeypatch, skip_keys):
+    """`sparse=None`: a single sequence's decode step skips the keys its dropped groups do not read where
+    that skips at least `SKIP_DECODE_KEYS` keys, else runs one SDPA call with each dropped head masked to its
+    sink and window keys; either way the masked reference's tokens and scores."""
+    monkeypatch.setattr(sparse, "SKIP_DECODE_KEYS", skip_keys)
+    skipping_steps = []
+    decode_one_token = sparse._decode_one_token
+    monkeypatch.setattr(
+        sparse, "_decode_one_token", lambda *args: skipping_steps.append(1) or decode_one_token(*args)
+    )
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
+    inputs = tiny_inputs("llama", batch=1, length=9)
+    expected_tokens, expected_scores = _generate(model, config, inputs, False, "dynamic")
+    tokens, scores = _generate(model, config, inputs, None, "dynamic")
+    assert torch.equal(tokens, expected_tokens)
+    torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
+    assert bool(skipping_steps) == (skip_keys == 0)
 
 
 def _assert_decode_step_ignores_nan_outside(

@@ -1,0 +1,124 @@
+"""What a dense gate costs per decode step under `torch.compile` on the CPU (SmolLM2-135M-Instruct).
+
+One model instance per case (ungated; `output` headwise and elementwise and `qk` headwise gates on backend
+`torch`, `init="paper"`), each with a StaticCache of `--context` prefilled tokens and its `forward` compiled
+by `torch.compile` (inductor, `fullgraph=True`: a graph break fails the run instead of hiding in it). A
+decode step writes the token after the context, at the same cache position every time, so that every step
+of every round does the same work. Each round times `--steps` steps of every case, in an order rotated from
+round to round, after a warm-up round that also compiles; the ratio is that of the cases' 10th percentiles
+over rounds (other processes only ever add time), beside the median [range] of the per-round ratios.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/compiled_decode.py --out benchmarks/results/compiled_decode
+
+Run it on an otherwise idle machine (compiling takes a few minutes per case on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import torch
+import transformers
+from gate_cost import low
+from harness import (
+    command_line,
+    cpu_model,
+    interleaved,
+    markdown_page,
+    markdown_table,
+    median_range,
+    ratios,
+    write_results,
+)
+from overhead import load_model
+
+from hf_gate_attention import GateConfig, patch
+from hf_gate_attention.offline import resolve_model
+
+CASES = {
+    "ungated": None,
+    "output/headwise": {"variant": "output", "granularity": "headwise"},
+    "output/elementwise": {"variant": "output", "granularity": "elementwise"},
+    "qk/headwise": {"variant": "qk", "granularity": "headwise"},
+}
+
+
+class CompiledDecoder:
+    """One model with its compiled `forward` and a StaticCache holding `context` tokens."""
+
+    def __init__(self, path: str, gate: dict | None, context: int):
+        self.model = load_model(path).eval()
+        if gate is not None:
+            torch.manual_seed(0)
+            patch(self.model, GateConfig(init="paper", **gate), backend="torch")
+        config = self.model.config
+        self.cache = transformers.StaticCache(config=config, max_cache_len=context + 1)
+        prompt = torch.randint(config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            self.model(input_ids=prompt, cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.forward = torch.compile(self.model.forward, fullgraph=True)
+        self.token = prompt[:, -1:]
+        self.position = torch.tensor([context])
+
+    @torch.no_grad()
+    def step_seconds(self, steps: int) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.forward(input_ids=self.token, cache=self.cache, cache_position=self.position, use_cache=True)
+        return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--context", type=int, default=256, help="tokens in the cache before the step")
+    parser.add_argument("--steps", type=int, default=4, help="decode steps per case and round")
+    parser.add_argument("--rounds", type=int, default=60, help="timed rounds, after a warm-up round")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--out", default="benchmarks/results/compiled_decode", help="writes <out>.csv/.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = resolve_model("SmolLM2-135M-Instruct")
+    decoders = {case: CompiledDecoder(path, gate, args.context) for case, gate in CASES.items()}
+    times = interleaved(lambda case: decoders[case].step_seconds(args.steps), list(CASES), args.rounds)
+    rows = []
+    for case in CASES:
+        ratio, ratio_min, ratio_max = median_range(ratios(times[case], times["ungated"]))
+        rows.append(
+            {
+                "case": case,
+                "ms_per_step": 1e3 * low(times[case]),
+                "low_ratio": low(times[case]) / low(times["ungated"]),
+                "time_ratio": ratio,
+                "ratio_min": ratio_min,
+                "ratio_max": ratio_max,
+                "median_ms_per_step": 1e3 * statistics.median(times[case]),
+                "rounds": len(times[case]),
+            }
+        )
+    header = (
+        f"`{command_line()}` on {datetime.date.today()}: SmolLM2-135M-Instruct float32, torch.compile "
+        f"(inductor, fullgraph), batch 1, StaticCache of {args.context} tokens, {args.steps} decode steps "
+        f"per round, {args.rounds} interleaved rounds after a warm-up round; {cpu_model()}, {args.threads} "
+        f"threads; torch {torch.__version__}. ms per step: 10th percentile of the rounds. Time ratio: case / "
+        "ungated, of the 10th percentiles, and the median [range] of the per-round ratios."
+    )
+    cells = [
+        [
+            r["case"],
+            f"{r['ms_per_step']:.2f}",
+            f"x{r['low_ratio']:.3f}",
+            f"x{r['time_ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]",
+        ]
+        for r in rows
+    ]
+    columns = ["case", "ms per step", "time ratio (10th percentiles)", "time ratio, median [rounds]"]
+    page = markdown_page(header, markdown_table(columns, cells, "lrll"))
+    write_results(args.out, rows, page)
+    print(page)
+
+
+if __name__ == "__main__":
+    main()

@@ -190,6 +190,7 @@ def test_tables_are_read_by_their_columns():
 # numbers quoted from results/ and benchmarks/results/
 
 REPRODUCTION = RESULTS / "REPRODUCTION.md"
+DENSE = "output/headwise"
 
 
 def reproduction():
@@ -436,6 +437,65 @@ def test_the_cpu_benchmarks_as_quoted():
         f"{speedup(reads, static, '1,024', reads1)} ({speedup(reads, static, '1,024', top1)}); "
         f"keeping 2 of 3 is slower everywhere ({x2(keeping2[0])} to {x2(keeping2[-1])})",
     )
+
+
+def test_the_dense_gate_cost_as_quoted():
+    backends = REPO / "docs" / "backends.md"
+    counts = {"ops": set(), "calls": set(), "hook ops": set(), "hook calls": set()}
+    for dtype in ("float32", "bfloat16"):
+        for init in ("paper", "identity"):
+            rows = table(
+                BENCHMARKS / f"host_overhead_{dtype}_{init}.md",
+                "added aten ops per layer",
+                "added Python calls per layer",
+            )
+            for case, prefix in (("torch", ""), ("torch, hooks", "hook ")):
+                counts[f"{prefix}ops"].add(int(rows[case]["added aten ops per layer"]))
+                counts[f"{prefix}calls"].add(int(rows[case]["added Python calls per layer"]))
+    [ops], [calls], [hook_calls] = counts["ops"], counts["calls"], counts["hook calls"]
+    hook_ops = f"{min(counts['hook ops'])} to {max(counts['hook ops'])}"
+    assert says(
+        backends,
+        f"the hook-free path adds {ops} aten ops and {calls} Python calls in float32 and bfloat16 with "
+        f"either init, where the hooks added {hook_ops} ops and {hook_calls} calls",
+    )
+    cost = table(BENCHMARKS / "gate_cost.md", "time ratio (10th percentiles)")
+    low, median = "time ratio (10th percentiles)", "time ratio, median [rounds]"
+    assert says(
+        backends,
+        f"the headwise output gate takes {cost['patched'][low]} the ungated step time (10th percentiles; "
+        f"median of the rounds {first(cost['patched'][median])}), run from hooks "
+        f"{cost['patched, hooks'][low]}; a stripped-down gate with no hook and no Python around it "
+        f"(`inline, own GEMM`) {cost['inline, own GEMM'][low]}. Three no-op hooks measured "
+        f"{cost['no-op hooks'][low]}",
+    )
+
+
+def test_the_long_documents_as_quoted():
+    [rows] = [r for r in tables(read(BENCHMARKS / "long_document.md")) if r and "+18 % claim" in r[0]]
+    by = {(row["document tokens"], row["case"]): row for row in rows}
+    top1, top2 = "top-1 of 3, sink 4 + window 64", "top-2 of 3, sink 4 + window 64"
+    gated = [row for row in rows if row["case"] != "ungated"]
+    assert all(row["+18 % claim"] == "not reproduced" for row in gated if row is not by["1,024", DENSE])
+    sparse, readme = REPO / "docs" / "sparse.md", REPO / "README.md"
+    dense = by["1,024", DENSE]
+    highest = re.search(r", (\d+\.\d+)\]", dense["speed-up [rounds]"]).group(1)
+    assert says(
+        sparse,
+        f"the dense headwise gate at 1k is *{dense['+18 % claim']}*: one of its 3 rounds reached x{highest}, "
+        f"where its median is {first(dense['speed-up [rounds]'])}",
+    )
+    at_8k = by["8,192", top1]
+    assert says(
+        sparse,
+        f"at 8k, {at_8k['vs dense headwise [rounds]']} per summary ({at_8k['speed-up [rounds]']} against "
+        f"ungated; its decode {at_8k['decode ratio']} the ungated time)",
+    )
+    versus_dense = sorted(ratio(row["vs dense headwise [rounds]"]) for row in rows if row["case"] == top2)
+    assert versus_dense[-1] < 1 and says(
+        sparse, f"(x{versus_dense[0]} to x{versus_dense[-1]}), so the goal that sink and window runs"
+    )
+    assert says(readme, f"at 8k, {at_8k['speed-up [rounds]']} per summary")
 
 
 # ---------------------------------------------------------------------------------------------------------

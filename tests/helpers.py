@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -102,6 +103,33 @@ def tiny_inputs(model_type: str, batch: int = 2, length: int = 11, seed: int = 1
 def first_output(outputs) -> torch.Tensor:
     """logits for heads, last_hidden_state for bare models."""
     return outputs.logits if hasattr(outputs, "logits") else outputs.last_hidden_state
+
+
+def added_ops_per_layer(model, config, backend: str) -> Counter:
+    """The aten ops called from Python (not from inside another aten op) in one eager decode step of `model`
+    patched with `config` on `backend`, minus those of the same model ungated, per layer."""
+    from hf_gate_attention import patch
+
+    def step_ops() -> Counter:
+        prompt, token = torch.randint(3, 64, (1, 8)), torch.randint(3, 64, (1, 1))
+        with torch.no_grad():
+            cache = transformers.DynamicCache(config=model.config)
+            model(input_ids=prompt, cache=cache, use_cache=True)
+            with torch.profiler.profile() as profile:
+                model(input_ids=token, cache=cache, use_cache=True)
+        return Counter(
+            event.name
+            for event in profile.events()
+            if event.name.startswith("aten::")
+            and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
+        )
+
+    ungated = step_ops()
+    patch(model, config, backend=backend)
+    added = step_ops() - ungated
+    layers = model.config.num_hidden_layers
+    assert all(count % layers == 0 for count in added.values()), added
+    return Counter({name: count // layers for name, count in added.items()})
 
 
 # ------------------------------------------------------------------ the summarization recipe's tiny assets

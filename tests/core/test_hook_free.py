@@ -10,8 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-import transformers
-from helpers import tiny_inputs, tiny_model
+from helpers import added_ops_per_layer, tiny_inputs, tiny_model
 
 from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core.hooks import InlineForward, use_hooks
@@ -108,39 +107,13 @@ def test_deep_copy_and_unpatch():
         assert all("forward" not in module.__dict__ for module in layer.modules())
 
 
-def _added_ops_per_layer(model, config) -> Counter:
-    """The torch ops called from Python in one eager decode step of `model` patched with `config`, minus
-    those of the same model ungated, per layer."""
-
-    def step_ops() -> Counter:
-        prompt, token = torch.randint(3, 64, (1, 8)), torch.randint(3, 64, (1, 1))
-        with torch.no_grad():
-            cache = transformers.DynamicCache(config=model.config)
-            model(input_ids=prompt, cache=cache, use_cache=True)
-            with torch.profiler.profile() as profile:
-                model(input_ids=token, cache=cache, use_cache=True)
-        return Counter(
-            event.name
-            for event in profile.events()
-            if event.name.startswith("aten::")
-            and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
-        )
-
-    ungated = step_ops()
-    patch(model, config, backend="torch")
-    added = step_ops() - ungated
-    layers = model.config.num_hidden_layers
-    assert all(count % layers == 0 for count in added.values()), added
-    return Counter({name: count // layers for name, count in added.items()})
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("init", ["paper", "identity"])  # gate scale 1 and 2
 def test_eager_decode_step_adds_the_gate_formula_and_three_views(init, dtype):
     """Per layer and token: the gate's GEMM, its sigmoid and one multiply (the identity init's scale of 2 in
     the same op), plus the views to heads and back; no cast in bfloat16."""
     model = tiny_model("llama", attn_implementation="sdpa").to(dtype)
-    added = _added_ops_per_layer(model, GateConfig(variant="output", init=init))
+    added = added_ops_per_layer(model, GateConfig(variant="output", init=init), "torch")
     multiply = "aten::mul" if init == "paper" else "aten::addcmul"
     views = {"aten::view": 2, "aten::flatten": 1}
     assert added == Counter({"aten::linear": 1, "aten::sigmoid": 1, multiply: 1} | views)

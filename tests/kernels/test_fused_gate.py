@@ -13,8 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-import transformers
-from helpers import VARIANTS, tiny_inputs, tiny_model
+from helpers import VARIANTS, added_ops_per_layer, tiny_inputs, tiny_model
 
 pytest.importorskip("triton")
 
@@ -110,32 +109,6 @@ def test_one_gemm_for_inference_two_for_training_and_eager_decode(monkeypatch):
     assert set(widths) == {32}
 
 
-def _added_ops_per_layer(model, config) -> Counter:
-    """The dispatcher calls (aten ops called from Python) of one bfloat16 eager decode step of `model`
-    minus those of the same model ungated, per layer."""
-
-    def step_ops(model) -> Counter:
-        prompt, token = torch.randint(0, 64, (1, 8)), torch.randint(0, 64, (1, 1))
-        with torch.no_grad():
-            cache = transformers.DynamicCache(config=model.config)
-            model(input_ids=prompt, cache=cache, use_cache=True)
-            with torch.profiler.profile() as profile:
-                model(input_ids=token, cache=cache, use_cache=True)
-        return Counter(
-            event.name
-            for event in profile.events()
-            if event.name.startswith("aten::")
-            and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
-        )
-
-    ungated = step_ops(model)
-    patch(model, config, backend="fused_gate")
-    added = step_ops(model) - ungated
-    layers = model.config.num_hidden_layers
-    assert all(count % layers == 0 for count in added.values()), added
-    return Counter({name: count // layers for name, count in added.items()})
-
-
 @pytest.mark.parametrize("init", ["paper", "identity"])  # gate scale 1 and 2
 def test_eager_bfloat16_decode_step_adds_three_or_four_ops_per_layer(init):
     """Eager decode is host-bound (every op is host time on a GPU): per layer, the gate adds its logits
@@ -143,7 +116,7 @@ def test_eager_bfloat16_decode_step_adds_three_or_four_ops_per_layer(init):
     bfloat16 sigmoid rounds as the float32 formula's cast does) and no hook on the query projection, whose
     merged forward stashes the logits itself."""
     model = tiny_model("llama", attn_implementation="sdpa").to(torch.bfloat16)
-    added = _added_ops_per_layer(model, GateConfig(variant="output", init=init))
+    added = added_ops_per_layer(model, GateConfig(variant="output", init=init), "fused_gate")
     views = {"aten::unflatten": 1, "aten::view": 1, "aten::flatten": 1}
     assert added == Counter(
         {"aten::linear": 1, "aten::sigmoid": 1, "aten::mul": 1 + (init == "identity")} | views

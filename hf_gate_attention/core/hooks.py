@@ -141,6 +141,17 @@ class _BlockPatch:
         `kernels/query_gate.py`): its hook that kept the input `x` for the gate goes (one hook fewer per layer
         and token)."""
         self.query_stashes_logits = True
+        self._reattach()
+
+    def use_hooks(self) -> None:
+        """Run this block's gate from hooks again (`use_hooks`)."""
+        self.inline = False
+        self.block_handle.remove()
+        self.block_handle = self._hook_block()
+        self._reattach()
+
+    def _reattach(self) -> None:
+        """Take everything off the projections and attach it again as the patch's settings now say."""
         for path in list(self.hooked):
             self._remove(path)
         self._sync_hooks(self.block, ())
@@ -295,12 +306,7 @@ def use_hooks(model: nn.Module) -> None:
     reference that tests and benchmarks/gate_cost.py compare the hook-free path to (same bits, more host
     time)."""
     for block_patch in getattr(unwrap_model(model), PATCHES_ATTRIBUTE):
-        block_patch.inline = False
-        for path in list(block_patch.hooked):
-            block_patch._remove(path)
-        block_patch.block_handle.remove()
-        block_patch.block_handle = block_patch._hook_block()
-        block_patch._sync_hooks(block_patch.block, ())
+        block_patch.use_hooks()
 
 
 def _in_parts(name: str, parts) -> bool:

@@ -61,6 +61,13 @@ class AttentionGate(nn.Module):
         self.bias = nn.Parameter(torch.zeros(bias_shape, dtype=dtype, device=device))
         if config.init == "paper":
             nn.init.normal_(self.weight, std=init_std)
+        self.query_key_matrix_cache = None  # `variants.query_key_matrix`, kept without gradients
+        # the dtypes whose sigmoid `gated` computes in the dtype itself, with the float32 formula's bits
+        self.sigmoid_dtypes = tuple(
+            dtype
+            for dtype in (torch.float32, torch.bfloat16, torch.float16)
+            if rounds_like_float32(dtype, dtype, self.scale, None)
+        )
 
     def _replicate_for_data_parallel(self):
         """Refuse `torch.nn.DataParallel`: its replicas would share the block patch of the original (one stash
@@ -89,7 +96,7 @@ class AttentionGate(nn.Module):
         projection), passed through so that the gate is still called, and hooked, as a module."""
         if logits is not None:
             return logits
-        return self.gate_variant.logits(self, x, q, k)
+        return self.gate_variant.logits(self, self.weight, self.bias, x, q, k)
 
     def forward(
         self,
@@ -130,16 +137,24 @@ class AttentionGate(nn.Module):
         (benchmarks/gate_cost.py). `values: (..., G*D)`; returns the same shape and dtype, with the same bits:
         the sigmoid in the logits' dtype where that rounds like the float32 formula (`rounds_like_float32`;
         below float32 only without gradients, whose bits it would change), the scale folded into the
-        multiply. Skips the module call: callers check `called_bare(gate)`."""
-        logits = self.gate_variant.logits(self, x, q, k)  # (..., G, w)
+        multiply; without gradients, `values` multiplied in place (callers pass a projection's input or
+        output that nothing else reads). Skips the module call: callers check `called_bare(gate)`."""
+        weights = self._parameters  # not `self.weight`: on Python 3.11 that costs as much as a small op
+        logits = self.gate_variant.logits(self, weights["weight"], weights["bias"], x, q, k)  # (..., G, w)
         heads = values.view(*values.shape[:-1], self.num_gated_heads, -1)  # (..., G, D)
-        same_bits = rounds_like_float32(values.dtype, logits.dtype, self.scale, None)
-        if not same_bits or (values.dtype != torch.float32 and torch.is_grad_enabled()):
-            return (heads * self._sigmoid(logits).to(values.dtype)).flatten(-2)
+        dtype, grad = values.dtype, torch.is_grad_enabled()
+        if logits.dtype != dtype or dtype not in self.sigmoid_dtypes or (grad and dtype != torch.float32):
+            return (heads * self._sigmoid(logits).to(dtype)).flatten(-2)
         gate = torch.sigmoid(logits)
+        if grad:
+            if self.scale == 1.0:
+                return (heads * gate).flatten(-2)
+            return torch.addcmul(_ZERO, heads, gate, value=self.scale).flatten(-2)  # scale * heads * gate
         if self.scale == 1.0:
-            return (heads * gate).flatten(-2)
-        return torch.addcmul(_ZERO, heads, gate, value=self.scale).flatten(-2)  # scale * heads * gate
+            heads.mul_(gate)
+        else:
+            torch.addcmul(_ZERO, heads, gate, value=self.scale, out=heads)
+        return values
 
     def _sigmoid(self, logits: torch.Tensor) -> torch.Tensor:
         """`scale * sigmoid(logits)` in float32, in as few ops as possible (it runs per layer and token)."""
@@ -173,8 +188,13 @@ def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scal
 
 def called_bare(module: nn.Module) -> bool:
     """Whether calling `module` would run its `forward` alone: no hook on it, none on every module."""
-    hooks = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks)
-    return not any(hooks) and not module._backward_pre_hooks and not any(_GLOBAL_HOOKS)
+    return not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or any(_GLOBAL_HOOKS)
+    )
 
 
 _GLOBAL_HOOKS = (  # torch's dicts of the hooks registered on every module

@@ -79,10 +79,10 @@ class _BlockPatch:
         self.stash: dict[str, torch.Tensor] = {}
         self.query_stashes_logits = False  # set by `query_computes_logits`
         self.roles = self._roles()
-        self.path_parts = {path: tuple(path.split(".")) for path in self.roles}
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
         # dense gates run the projections' parts from instance `forward`s, not hooks (`InlineForward`)
         self.inline = gate_multiply is None and not gate_in_attention and config.top_k is None
+        self._watch()
         self.block_handle = self._hook_block()
         self._sync_hooks(block, ())
         if gate_in_attention:
@@ -116,9 +116,9 @@ class _BlockPatch:
         position embeddings) keeps what its first call of this forward stashed. (`torch.nn.DataParallel`
         replicas, whose threads would share one stash, are refused by the gate: `AttentionGate`.)"""
         self.stash.clear()
-        for path, roles in self.roles.items():
+        for path, roles, parts in self.watched:
             module = block
-            for name in self.path_parts[path]:
+            for name in parts:
                 module = module._modules[name]
             hooked = self.hooked.get(path)
             if hooked is not None and hooked[0] is module:
@@ -126,15 +126,21 @@ class _BlockPatch:
             self._remove(path)
             hook = self._projection_hook(path, roles)
             before = self._before_output if "output" in roles else None
-            if hook is None and before is None:
-                handles = []
-            elif self.inline and "forward" not in module.__dict__:
+            if self.inline and "forward" not in module.__dict__:
                 handles = [InlineForward(module, before, hook)]
             else:
                 handles = [module.register_forward_hook(hook)] if hook is not None else []
                 if before is not None:
                     handles.append(module.register_forward_pre_hook(before))
             self.hooked[path] = (module, handles)
+
+    def _watch(self) -> None:
+        """The projections `_sync_hooks` attaches something to: `(path, roles, path parts)`."""
+        self.watched = tuple(
+            (path, roles, tuple(path.split(".")))
+            for path, roles in self.roles.items()
+            if "output" in roles or self._projection_hook(path, roles) is not None
+        )
 
     def query_computes_logits(self) -> None:
         """The query projection now stashes the gate `logits` itself (backend `fused_gate`'s merged GEMM,
@@ -154,6 +160,7 @@ class _BlockPatch:
         """Take everything off the projections and attach it again as the patch's settings now say."""
         for path in list(self.hooked):
             self._remove(path)
+        self._watch()
         self._sync_hooks(self.block, ())
 
     def _remove(self, path: str) -> None:
@@ -228,27 +235,31 @@ class _BlockPatch:
     def _take_inputs(self) -> dict[str, torch.Tensor]:
         """The stashed gate inputs of this forward (`GateVariant.inputs`); or the gate `logits`, when the
         query projection computed them in its own GEMM (backend `fused_gate`)."""
-        logits = self.stash.pop("logits", None)
+        stash = self.stash
+        logits = stash.pop("logits", None)
         if logits is not None:
-            self.stash.pop("x", None)
+            stash.pop("x", None)
             return {"logits": logits}
+        inputs = {}
         try:
-            return {name: self.stash.pop(name) for name in self.input_names}
+            for name in self.input_names:  # a loop, not a comprehension: no frame of its own on Python 3.11
+                inputs[name] = stash.pop(name)
         except KeyError as missing:
             raise RuntimeError(
                 f"gated attention: the output projection ran before the {missing} projection of this block; "
                 "the block's forward does not follow the registered AttentionFamily layout"
             ) from None
+        return inputs
 
     def _apply(self, values: torch.Tensor, inputs: dict) -> torch.Tensor:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
-        gate = self.gate()
+        gate = self.block._modules[GATE_MODULE_NAME]  # `self.gate()`, one call fewer per layer and token
+        if self.inline and type(gate) is AttentionGate and called_bare(gate):
+            return gate.gated(values, **inputs)
         if self.gate_multiply is not None:
             logits, keep = gate(**inputs, logits_only=True)
             return self.gate_multiply(values, logits, self.scale, keep)
-        if self.inline and type(gate) is AttentionGate and called_bare(gate):
-            return gate.gated(values, **inputs)
         return apply_gate(values, gate(**inputs))
 
     def take_gate_logits(self):

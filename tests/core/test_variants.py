@@ -12,6 +12,7 @@ from helpers import REPO, first_output, tiny_inputs, tiny_model
 from torch.nn import functional as F
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
+from hf_gate_attention.core.gate import AttentionGate
 from hf_gate_attention.core.hooks import QKV_ROLES
 from hf_gate_attention.core.variants import GATE_VARIANTS, GateVariant
 from hf_gate_attention.sharing.layouts import LAYOUTS
@@ -77,3 +78,50 @@ def test_a_variant_declared_in_the_registry_alone_runs(monkeypatch):
         patch(tiny_model("llama"), GateConfig(variant="key", top_k=1), sparse=True)
     patch(model, GateConfig(variant="key", top_k=1))  # a mask, like the value gate's
     assert model(**inputs).logits.isfinite().all()
+
+
+def _query_key_reference(weight, bias, q, k, heads, kv_heads):
+    """The `qk` formula read off its docstring: `W[h] [q_h; k_{h // (H / KV)}] + b[h]`, head by head."""
+    q, k = q.unflatten(-1, (heads, -1)), k.unflatten(-1, (kv_heads, -1))
+    rows = [
+        torch.cat([q[..., h, :], k[..., h // (heads // kv_heads), :]], -1) @ weight[h].T + bias[h]
+        for h in range(heads)
+    ]
+    return torch.stack(rows, dim=-2)  # (..., H, w)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 8), (6, 3, 5), (3, 3, 7), (8, 1, 4)])
+@pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
+def test_query_key_logits_match_the_formula_forward_and_backward(heads, kv_heads, head_dim, granularity):
+    """Headwise as one GEMM of `[q | k]` (`query_key_matrix`), elementwise by einsum: both the formula."""
+    torch.manual_seed(heads * head_dim)
+    gate = AttentionGate(GateConfig(variant="qk", granularity=granularity), 16, heads, kv_heads, head_dim)
+    with torch.no_grad():
+        gate.weight.normal_(), gate.bias.normal_()
+    q = torch.randn(2, 3, heads * head_dim, requires_grad=True)
+    k = torch.randn(2, 3, kv_heads * head_dim, requires_grad=True)
+    got = gate.logits(q=q, k=k)
+    leaves = (gate.weight, gate.bias, q, k)
+    grads = torch.autograd.grad(got.square().sum(), leaves)
+    expected = _query_key_reference(gate.weight, gate.bias, q, k, heads, kv_heads)
+    torch.testing.assert_close(got, expected)
+    expected_grads = torch.autograd.grad(expected.square().sum(), leaves)
+    for got_grad, expected_grad in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got_grad, expected_grad)
+    assert gate.query_key_matrix_cache is None  # nothing kept while gradients are recorded
+
+
+def test_query_key_matrix_is_kept_without_gradients_until_the_weights_change():
+    gate = AttentionGate(GateConfig(variant="qk", init="paper"), 16, 4, 2, 8)
+    q, k = torch.randn(1, 1, 32), torch.randn(1, 1, 16)
+    with torch.no_grad():
+        first = gate.logits(q=q, k=k)
+        kept = gate.query_key_matrix_cache[1][0]
+        assert gate.logits(q=q, k=k).equal(first) and gate.query_key_matrix_cache[1][0] is kept
+        gate.weight.mul_(-1)  # an optimizer step, in place
+        flipped = gate.logits(q=q, k=k) - gate.bias[:, 0, None]
+        torch.testing.assert_close(flipped, -(first - gate.bias[:, 0, None]))
+        state = {name: torch.randn_like(value) for name, value in gate.state_dict().items()}
+        gate.load_state_dict(state)
+        expected = _query_key_reference(state["weight"], state["bias"], q, k, 4, 2)
+        torch.testing.assert_close(gate.logits(q=q, k=k), expected)

@@ -1,8 +1,10 @@
 """What a dense gate costs per decode step under `torch.compile` on the CPU (SmolLM2-135M-Instruct).
 
 One model instance per case (ungated; `output` headwise and elementwise and `qk` headwise gates on backend
-`torch`, `init="paper"`), each with a StaticCache of `--context` prefilled tokens and its `forward` compiled
-by `torch.compile` (inductor, `fullgraph=True`: a graph break fails the run instead of hiding in it). A
+`torch`, `init="paper"`), each in a process of its own (so that no case's compiled code shares dynamo's
+caches and guards with another's), with a StaticCache of `--context` prefilled tokens and its `forward`
+compiled by `torch.compile` (inductor, `fullgraph=True`: a graph break fails the run instead of hiding in it);
+the processes compile one after the other, then only the one being timed runs. A
 decode step writes the token after the context, at the same cache position every time, so that every step
 of every round does the same work. Each round times `--steps` steps of every case, in an order rotated from
 round to round, after a warm-up round that also compiles; the ratio is that of the cases' 10th percentiles
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import multiprocessing
 import statistics
 import time
 
@@ -76,6 +79,16 @@ class CompiledDecoder:
         return elapsed / steps
 
 
+def _serve(connection, path: str, gate: dict | None, context: int, threads: int) -> None:
+    """A case's process: compiles its decoder (one untimed step), says so, then times `steps` steps per
+    request until it gets `None`."""
+    torch.set_num_threads(threads)
+    decoder = CompiledDecoder(path, gate, context)
+    connection.send(decoder.step_seconds(1))
+    while (steps := connection.recv()) is not None:
+        connection.send(decoder.step_seconds(steps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--context", type=int, default=256, help="tokens in the cache before the step")
@@ -84,10 +97,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--out", default="benchmarks/results/compiled_decode", help="writes <out>.csv/.md")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     path = resolve_model("SmolLM2-135M-Instruct")
-    decoders = {case: CompiledDecoder(path, gate, args.context) for case, gate in CASES.items()}
-    times = interleaved(lambda case: decoders[case].step_seconds(args.steps), list(CASES), args.rounds)
+    spawn = multiprocessing.get_context("spawn")
+    connections, processes = {}, []
+    for case, gate in CASES.items():
+        connections[case], child = spawn.Pipe()
+        processes.append(spawn.Process(target=_serve, args=(child, path, gate, args.context, args.threads)))
+        processes[-1].start()
+        connections[case].recv()  # compiled
+
+    def time_case(case: str) -> float:
+        connections[case].send(args.steps)
+        return connections[case].recv()
+
+    times = interleaved(time_case, list(CASES), args.rounds)
+    for connection in connections.values():
+        connection.send(None)
+    for process in processes:
+        process.join()
     rows = []
     for case in CASES:
         ratio, ratio_min, ratio_max = median_range(ratios(times[case], times["ungated"]))
@@ -105,10 +132,11 @@ def main() -> None:
         )
     header = (
         f"`{command_line()}` on {datetime.date.today()}: SmolLM2-135M-Instruct float32, torch.compile "
-        f"(inductor, fullgraph), batch 1, StaticCache of {args.context} tokens, {args.steps} decode steps "
-        f"per round, {args.rounds} interleaved rounds after a warm-up round; {cpu_model()}, {args.threads} "
-        f"threads; torch {torch.__version__}. ms per step: 10th percentile of the rounds. Time ratio: case / "
-        "ungated, of the 10th percentiles, and the median [range] of the per-round ratios."
+        f"(inductor, fullgraph), one process per case, batch 1, StaticCache of {args.context} tokens, "
+        f"{args.steps} decode steps per round, {args.rounds} interleaved rounds after a warm-up round; "
+        f"{cpu_model()}, {args.threads} threads; torch {torch.__version__}. ms per step: 10th percentile of "
+        "the rounds. Time ratio: case / ungated, of the 10th percentiles, and the median [range] of the "
+        "per-round ratios."
     )
     cells = [
         [

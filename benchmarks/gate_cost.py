@@ -20,12 +20,21 @@ The gate is the headwise output gate (`init="paper"`: the paper's G1, 9 heads pe
 - `inline, merged GEMM`: the same with `[W_q; W_g]` in one GEMM (`z` taken from the query projection's
   output).
 
-The inline cases use their own random gate weights (same shapes and init as `patch`'s) and exist only here.
-Run it on an otherwise idle machine, with `--threads` as the users' (torch's default: one per core) and 1:
+The inline cases use their own random gate weights (same shapes and init as `patch`'s) and exist only here,
+for the headwise output gate. `--variant`, `--granularity` and `--dtype` choose the gate and the model's dtype
+(the other gates: ungated, patched and patched with hooks). Run it on an otherwise idle machine, with
+`--threads` as the users' (torch's default: one per core) and 1:
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gate_cost.py --out benchmarks/results/gate_cost
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gate_cost.py --threads 1 \
         --out benchmarks/results/gate_cost_1thread
+
+With `--instructions` it counts, instead of timing, the instructions one decode step executes (one thread,
+under valgrind's callgrind: `instructions.py`), once per case: deterministic where the timings are not, on a
+busy machine too (about 10 minutes a run):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/gate_cost.py --instructions \
+        --out benchmarks/results/gate_cost_instructions_float32_output_headwise
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ import argparse
 import datetime
 import statistics
 import time
+from functools import partial
 
+import instructions
 import torch
 import transformers
 from harness import (
@@ -55,6 +66,7 @@ from hf_gate_attention.core.hooks import use_hooks
 from hf_gate_attention.offline import resolve_model
 
 CASES = ("ungated", "patched", "patched, hooks", "no-op hooks", "inline, own GEMM", "inline, merged GEMM")
+PACKAGE_CASES = CASES[:3]  # for gates other than the headwise output gate
 
 
 class InlineQuery:
@@ -103,8 +115,8 @@ def _noop_post(module, args, output):
 class Cases:
     """One model; installs and removes each case's gate around a timed decode."""
 
-    def __init__(self, model, backend: str):
-        self.model, self.backend = model, backend
+    def __init__(self, model, backend: str, gate_config: GateConfig):
+        self.model, self.backend, self.gate_config = model, backend, gate_config
         config = model.config
         self.heads = config.num_attention_heads
         generator = torch.Generator().manual_seed(0)
@@ -113,11 +125,12 @@ class Cases:
             (torch.randn(self.heads, config.hidden_size, generator=generator) * std, torch.zeros(self.heads))
             for _ in model.model.layers
         ]
+        self.gates = [(weight.to(model.dtype), bias.to(model.dtype)) for weight, bias in self.gates]
 
     def install(self, case: str) -> list:
         """What `case` adds to the model; returns the hook handles (inline cases set instance forwards)."""
         if case.startswith("patched"):
-            patch(self.model, GateConfig(init="paper"), backend=self.backend)
+            patch(self.model, self.gate_config, backend=self.backend)
             if case == "patched, hooks":
                 use_hooks(self.model)
             return []
@@ -147,26 +160,41 @@ class Cases:
             for projection in (layer.self_attn.q_proj, layer.self_attn.o_proj):
                 projection.__dict__.pop("forward", None)
 
-    @torch.no_grad()
     def prefilled(self, context: int):
-        """A DynamicCache holding a `context`-token prompt, prefilled by the ungated model."""
-        cache = transformers.DynamicCache(config=self.model.config)
-        prompt = torch.randint(self.model.config.vocab_size, (1, context), generator=torch.Generator())
-        self.model.eval()(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        """A DynamicCache holding random keys and values of `context` positions (a decode step's work does
+        not depend on their values)."""
+        config = self.model.config
+        cache = transformers.DynamicCache(config=config)
+        shape = (1, config.num_key_value_heads, context, config.hidden_size // config.num_attention_heads)
+        for layer in range(config.num_hidden_layers):
+            keys_and_values = torch.randn(2, *shape, dtype=self.model.dtype)
+            cache.update(keys_and_values[0], keys_and_values[1], layer)
         return cache
 
     @torch.no_grad()
+    def steps(self, cache, steps: int) -> None:
+        token = torch.zeros(1, 1, dtype=torch.long)
+        for _ in range(steps):
+            self.model(input_ids=token, past_key_values=cache, use_cache=True)
+
     def decode(self, case: str, cache, steps: int) -> float:
         """Seconds per single-token step on `cache` with `case` installed; the cache is cropped back after."""
         handles = self.install(case)
-        token = torch.zeros(1, 1, dtype=torch.long)
         start = time.perf_counter()
-        for _ in range(steps):
-            self.model(input_ids=token, past_key_values=cache, use_cache=True)
+        self.steps(cache, steps)
         elapsed = (time.perf_counter() - start) / steps
         cache.crop(-steps)
         self.remove(case, handles)
         return elapsed
+
+    def decode_instructions(self, case: str, cache, steps: int) -> float:
+        """Instructions per single-token step on `cache` with `case` installed, after two steps uncounted."""
+        handles = self.install(case)
+        self.steps(cache, 2)
+        counted = instructions.count(partial(self.steps, cache, steps)) / steps
+        cache.crop(-steps - 2)
+        self.remove(case, handles)
+        return counted
 
 
 def low(values: list[float]) -> float:
@@ -175,25 +203,12 @@ def low(values: list[float]) -> float:
     return statistics.quantiles(values, n=10)[0]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--context", type=int, default=256, help="tokens in the cache before decoding")
-    parser.add_argument("--steps", type=int, default=4, help="decoded tokens per measurement")
-    parser.add_argument("--rounds", type=int, default=100, help="timed rounds, after a warm-up round")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
-    parser.add_argument("--backend", default="torch", help="what runs the gates of the `patched` case")
-    parser.add_argument(
-        "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
-    )
-    parser.add_argument("--out", default="benchmarks/results/gate_cost", help="writes <out>.csv and <out>.md")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    cases = Cases(load_model(resolve_model(args.model)), args.backend)
-    cache = cases.prefilled(args.context)
-    times = interleaved(lambda case: cases.decode(case, cache, args.steps), list(CASES), args.rounds)
+def timed(cases: Cases, cache, names: list[str], args) -> tuple[list[dict], str, list[str]]:
+    """Rows, the table's header and columns of the timed rounds."""
+    times = interleaved(lambda case: cases.decode(case, cache, args.steps), names, args.rounds)
     cpu = f"{cpu_model()}, {args.threads} threads"
     rows = []
-    for case in CASES:
+    for case in names:
         ratio, ratio_min, ratio_max = median_range(ratios(times[case], times["ungated"]))
         rows.append(
             {
@@ -206,16 +221,13 @@ def main() -> None:
                 "added_us_per_layer": (low(times[case]) - low(times["ungated"])) * 1e6 / len(cases.gates),
                 "rounds": len(times[case]),
                 "cpu": cpu,
-                "torch": torch.__version__,
-                "command": command_line(),
             }
         )
     header = (
-        f"`{command_line()}` on {datetime.date.today()}: {args.model} float32, batch 1, {args.steps} decode "
-        f"steps per round on a {args.context}-token DynamicCache (cropped back after each), {args.rounds} "
-        f"interleaved rounds after a warm-up round; {cpu}; torch {torch.__version__}. ms per step and added "
-        "us per layer: 10th percentiles of the rounds. Time ratio: case / ungated, of the 10th percentiles, "
-        "and the median [range] of the per-round ratios."
+        f"{args.steps} decode steps per round on a {args.context}-token DynamicCache (cropped back after "
+        f"each), {args.rounds} interleaved rounds after a warm-up round; {cpu}. ms per step and added us per "
+        "layer: 10th percentiles of the rounds. Time ratio: case / ungated, of the 10th percentiles, and the "
+        "median [range] of the per-round ratios."
     )
     cells = [
         [
@@ -228,7 +240,73 @@ def main() -> None:
         for r in rows
     ]
     columns = ["case", "ms per step", "time ratio (10th percentiles)", "time ratio, median [rounds]"]
-    table = markdown_table([*columns, "added us per layer"], cells, "lrllr")
+    return rows, header, markdown_table([*columns, "added us per layer"], cells, "lrllr")
+
+
+def counted(cases: Cases, cache, names: list[str], args) -> tuple[list[dict], str, list[str]]:
+    """Rows, the table's header and columns of the instruction counts."""
+    counts = {case: cases.decode_instructions(case, cache, args.steps) for case in names}
+    rows = [
+        {
+            "case": case,
+            "instructions_per_step": counts[case],
+            "instruction_ratio": counts[case] / counts["ungated"],
+            "added_instructions_per_layer": (counts[case] - counts["ungated"]) / len(cases.gates),
+        }
+        for case in names
+    ]
+    header = (
+        f"Instructions executed per decode step (mean of {args.steps} steps after 2 uncounted, on a "
+        f"{args.context}-token DynamicCache), counted by valgrind's callgrind in one thread "
+        "(`benchmarks/instructions.py`: the same count on every run, within about 0.5 %); "
+        f"{cpu_model()}. A count, not a time: memory stalls are not in it."
+    )
+    cells = [
+        [
+            r["case"],
+            f"{r['instructions_per_step'] / 1e6:.2f}",
+            f"x{r['instruction_ratio']:.4f}",
+            f"{r['added_instructions_per_layer'] / 1e3:.1f}",
+        ]
+        for r in rows
+    ]
+    columns = ["case", "million instructions per step", "ratio", "added thousand instructions per layer"]
+    return rows, header, markdown_table(columns, cells, "lrlr")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--context", type=int, default=256, help="tokens in the cache before decoding")
+    parser.add_argument("--steps", type=int, default=4, help="decoded tokens per measurement")
+    parser.add_argument("--rounds", type=int, default=100, help="timed rounds, after a warm-up round")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--backend", default="torch", help="what runs the gates of the `patched` case")
+    parser.add_argument("--variant", default="output", choices=["output", "value", "qk"])
+    parser.add_argument("--granularity", default="headwise", choices=["headwise", "elementwise"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's")
+    parser.add_argument("--instructions", action="store_true", help="count instructions instead of timing")
+    parser.add_argument(
+        "--model", default="SmolLM2-135M-Instruct", help="local folder, Hub id or offline name"
+    )
+    parser.add_argument("--out", default="benchmarks/results/gate_cost", help="writes <out>.csv and <out>.md")
+    args = parser.parse_args()
+    if args.instructions:
+        instructions.run_under_callgrind()  # exits here outside callgrind
+        args.threads = 1
+    torch.set_num_threads(args.threads)
+    gate_config = GateConfig(variant=args.variant, granularity=args.granularity, init="paper")
+    model = load_model(resolve_model(args.model)).to(getattr(torch, args.dtype))
+    cases = Cases(model, args.backend, gate_config)
+    cache = cases.prefilled(args.context)
+    names = list(CASES if (args.variant, args.granularity) == ("output", "headwise") else PACKAGE_CASES)
+    rows, details, table = (counted if args.instructions else timed)(cases, cache, names, args)
+    for row in rows:
+        row.update(torch=torch.__version__, command=command_line())
+    header = (
+        f"`{command_line()}` on {datetime.date.today()}: {args.model} {args.dtype}, batch 1, "
+        f'GateConfig(variant="{args.variant}", granularity="{args.granularity}", init="paper") on backend '
+        f"{args.backend}; torch {torch.__version__}. {details}"
+    )
     write_results(args.out, rows, markdown_page(header, table))
     print(markdown_page(header, table))
 

@@ -22,7 +22,7 @@ def test_inline_gates_are_the_packages_gate(case):
         expected = model(input_ids=inputs).logits
     params = list(gate_parameters(model))
     unpatch(model)
-    cases = gate_cost.Cases(model, "torch")
+    cases = gate_cost.Cases(model, "torch", GateConfig(init="paper"))
     cases.gates = [(params[2 * i], params[2 * i + 1]) for i in range(len(model.model.layers))]
     handles = cases.install(case)
     with torch.no_grad():

@@ -2,10 +2,10 @@
 
 A count, not a time: the same code gives the same count (within about 0.5 %, from the allocator and the
 garbage collector) on an idle or a busy machine, so ratios of a few percent that the rounds of a wall clock
-on a shared machine cannot resolve are resolved here. It weighs every instruction alike: time spent waiting
-for memory (most of a large GEMV's) is not in it, so on a memory-bound step it shows the host's work (Python,
-the dispatcher, small kernels) at more than its share of the time.
-Under callgrind the code runs about 50 times slower, in one thread at a time.
+on a shared machine cannot resolve are resolved here. It weighs every instruction alike: the time a GEMV
+waits for memory is not in it, and host code (Python, the dispatcher, small ops) runs fewer instructions per
+cycle than a GEMV's vector loop, so a count ratio and a time ratio need not agree. Under callgrind the code
+runs about 50 times slower, in one thread at a time.
 
 A script calls `run_under_callgrind()` first: outside callgrind it runs the same command line again under
 `valgrind --tool=callgrind` (collection off) and exits with its status; inside, it returns, and `count(run)`

@@ -465,9 +465,36 @@ def test_the_dense_gate_cost_as_quoted():
         backends,
         f"the headwise output gate takes {cost['patched'][low]} the ungated step time (10th percentiles; "
         f"median of the rounds {first(cost['patched'][median])}), run from hooks "
-        f"{cost['patched, hooks'][low]}; a stripped-down gate with no hook and no Python around it "
-        f"(`inline, own GEMM`) {cost['inline, own GEMM'][low]}. Three no-op hooks measured "
-        f"{cost['no-op hooks'][low]}",
+        f"{cost['patched, hooks'][low]}, the stripped-down gate (`inline, own GEMM`) "
+        f"{cost['inline, own GEMM'][low]}, three no-op hooks {cost['no-op hooks'][low]}",
+    )
+    compiled = table(BENCHMARKS / "compiled_decode.md", low)
+    assert says(
+        backends,
+        f"a decode step takes {compiled['output/headwise'][low]} the compiled ungated step with the "
+        f"headwise output gate, {compiled['output/elementwise'][low]} elementwise, "
+        f"{compiled['qk/headwise'][low]} with the headwise `qk` gate (10th percentiles)",
+    )
+
+
+def test_the_instruction_counts_as_quoted():
+    """docs/backends.md's table of instruction counts: every row as its results file has it."""
+    backends = REPO / "docs" / "backends.md"
+    columns = ("results", "case", "added thousand instructions per layer", "ratio")
+    [rows] = [rows for rows in tables(read(backends)) if rows and tuple(rows[0]) == columns]
+    for row in rows:
+        results = BENCHMARKS / Path(re.search(r"\]\(([^)]+)\)", row["results"]).group(1)).name
+        counted = table(results, *columns[1:])[row["case"]]
+        assert {column: row[column] for column in columns[1:]} == {
+            column: counted[column] for column in columns[1:]
+        }
+    float32 = table(BENCHMARKS / "gate_cost_instructions_float32_output_headwise.md", "case")
+    bfloat16 = table(BENCHMARKS / "gate_cost_instructions_bfloat16_output_headwise.md", "case")
+    millions = "million instructions per step"
+    assert says(
+        backends,
+        f"The ungated step executes {float(float32['ungated'][millions]):.1f} million instructions in "
+        f"float32 ({float(bfloat16['ungated'][millions]):.0f} million in bfloat16",
     )
 
 

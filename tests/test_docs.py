@@ -498,6 +498,26 @@ def test_the_instruction_counts_as_quoted():
     )
 
 
+def test_the_prefill_and_training_costs_as_quoted():
+    """docs/backends.md's prefill and training ratios: each cell as gate_cost_phases_<dtype>.md has it."""
+    columns = ("phase", "gate", "float32", "bfloat16")
+    [rows] = [
+        rows for rows in tables(read(REPO / "docs" / "backends.md")) if rows and tuple(rows[0]) == columns
+    ]
+    ratio_column = "time ratio vs ungated (median, range of rounds)"
+    for dtype in ("float32", "bfloat16"):
+        measured = {
+            (row["phase"], row["case"]): first(row[ratio_column])
+            for row in tables(read(BENCHMARKS / f"gate_cost_phases_{dtype}.md"))[0]
+        }
+        for row in rows:
+            phase, tokens = row["phase"].rsplit(" ", 1)
+            assert measured[(phase, row["gate"])] == row[dtype], (row, dtype)
+            assert f"| {phase} | {tokens} | {row['gate']} |" in read(
+                BENCHMARKS / f"gate_cost_phases_{dtype}.md"
+            )
+
+
 def test_the_long_documents_as_quoted():
     [rows] = [r for r in tables(read(BENCHMARKS / "long_document.md")) if r and "+18 % claim" in r[0]]
     by = {(row["document tokens"], row["case"]): row for row in rows}

@@ -490,7 +490,10 @@ def test_the_instruction_counts_as_quoted():
         }
     float32 = table(BENCHMARKS / "gate_cost_instructions_float32_output_headwise.md", "case")
     bfloat16 = table(BENCHMARKS / "gate_cost_instructions_bfloat16_output_headwise.md", "case")
-    millions = "million instructions per step"
+    millions, added = "million instructions per step", "added thousand instructions per layer"
+    assert says(
+        backends, f"no Python around them, adds {float32['inline, own GEMM'][added]} thousand instructions"
+    )
     assert says(
         backends,
         f"The ungated step executes {float(float32['ungated'][millions]):.1f} million instructions in "

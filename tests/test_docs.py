@@ -468,6 +468,17 @@ def test_the_dense_gate_cost_as_quoted():
         f"{cost['patched, hooks'][low]}, the stripped-down gate (`inline, own GEMM`) "
         f"{cost['inline, own GEMM'][low]}, three no-op hooks {cost['no-op hooks'][low]}",
     )
+    one_thread = table(BENCHMARKS / "gate_cost_bfloat16_1thread.md", low)
+    [two_threads] = [
+        first(row["time ratio vs ungated (median, range of rounds)"])
+        for row in tables(read(BENCHMARKS / "gate_cost_phases_bfloat16.md"))[0]
+        if row["phase"].startswith("decode") and row["case"] == "output/headwise"
+    ]
+    assert says(
+        backends,
+        f"the bfloat16 gate costs {two_threads} in two threads (below) and "
+        f"{one_thread['patched'][low]} in one",
+    )
     compiled = table(BENCHMARKS / "compiled_decode.md", low)
     assert says(
         backends,

@@ -122,10 +122,12 @@ class Cases:
         generator = torch.Generator().manual_seed(0)
         std = config.initializer_range
         self.gates = [
-            (torch.randn(self.heads, config.hidden_size, generator=generator) * std, torch.zeros(self.heads))
+            (
+                (torch.randn(self.heads, config.hidden_size, generator=generator) * std).to(model.dtype),
+                torch.zeros(self.heads, dtype=model.dtype),
+            )
             for _ in model.model.layers
         ]
-        self.gates = [(weight.to(model.dtype), bias.to(model.dtype)) for weight, bias in self.gates]
 
     def install(self, case: str) -> list:
         """What `case` adds to the model; returns the hook handles (inline cases set instance forwards)."""

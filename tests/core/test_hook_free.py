@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 import torch
-from helpers import added_ops_per_layer, tiny_inputs, tiny_model
+from helpers import added_ops_per_layer, first_output, tiny_inputs, tiny_model
 
 from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core.hooks import InlineForward, use_hooks
@@ -69,6 +69,37 @@ def test_same_bits_as_the_hooks_forward_and_backward(gate, dtype):
     ]
     assert torch.equal(generated[0].sequences, generated[1].sequences)
     torch.testing.assert_close(generated[0].scores, generated[1].scores, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", ["output", "value", "qk"])
+@pytest.mark.parametrize(
+    "model_type, bare", [("llama", True), ("phi3", False), ("bert", False), ("vit", False)], ids=str
+)
+def test_same_bits_as_the_hooks_on_bare_models_fused_projections_and_task_heads(model_type, bare, variant):
+    """Bare decoder, fused `qkv_proj` (the value gate multiplies a view of it, in place without gradients),
+    encoder and vision heads: outputs and every gradient as the hook path gives them."""
+    config = GateConfig(variant=variant, init="paper")
+    model = patch(tiny_model(model_type, bare=bare), config, backend="torch")
+    reference = copy.deepcopy(model)
+    use_hooks(reference)
+    assert any(isinstance(module.__dict__.get("forward"), InlineForward) for module in model.modules())
+    assert not any(
+        isinstance(module.__dict__.get("forward"), InlineForward) for module in reference.modules()
+    )
+    inputs = tiny_inputs(model_type)
+    for side in (model, reference):
+        first_output(side(**inputs)).square().mean().backward()
+    torch.testing.assert_close(
+        first_output(model(**inputs)), first_output(reference(**inputs)), rtol=0, atol=0
+    )
+    grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        assert param.grad is not None or "attn_gate" not in name, name
+        torch.testing.assert_close(param.grad, grads[name].grad, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            first_output(model(**inputs)), first_output(reference(**inputs)), rtol=0, atol=0
+        )
 
 
 def test_peft_wrapping_after_patch_moves_the_forwards_to_the_wrappers():

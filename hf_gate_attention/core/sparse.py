@@ -11,11 +11,14 @@ then the gate.
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache. With `top_k_sink/top_k_window`,
   a single sequence's step skips only where that skips enough keys to pay (`SKIP_DECODE_KEYS`); otherwise
   it runs one SDPA call with each dropped head masked to its sink and window keys.
-- Prefill and training: a group that more than half the rows keep runs on all rows (one SDPA call for the
-  layer when every group does); otherwise the kept query rows of each group are gathered, with their rows of
-  the causal, padding or sliding-window mask. Gradients flow through the gather like through the masked
-  reference. With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
-  (`streaming.blocked_streaming_attention`), or through their mask where it does not apply.
+- Prefill without gradients of unpadded sequences (causal, no mask) from `BLOCKED_MIN_KEYS` keys: the kept
+  rows of each group attend in blocks of rows, without a mask (`_kept_rows_in_blocks`).
+- Otherwise (training, padding, shorter prompts): a group that more than half the rows keep runs on all rows
+  (one SDPA call for the layer when every group does); otherwise the kept query rows of each group are
+  gathered, with their rows of the causal, padding or sliding-window mask. Gradients flow through the gather
+  like through the masked reference.
+- With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
+  (`streaming.blocked_streaming_attention`), or through their mask where that does not apply.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
   heads (variant `output`: its gate, computed from the projection's input, comes first) and the output
   projection only their columns (`prepare_block`; plain `nn.Linear` projections only).
@@ -131,21 +134,28 @@ def sparse_attention_forward(
     reads = None  # or what every head gives reading only those keys, (B, L, H, D)
     if gate_module.dropped_reads_keys:
         sink, window = gate_module.top_k_sink, gate_module.top_k_window
-        allowed = None  # (B or 1, 1, L, S) bool; without a mask, the blocked path needs none
-        if attention_mask is not None or one_token:
+        allowed = None  # (B or 1, 1, L, S) bool; None: no mask (the blocked path, one token, need none)
+        if attention_mask is not None:
             allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-        if not one_token:
-            reads = blocked_streaming_attention(
-                query, key, value, allowed, causal, sink, window, scaling, dropout
-            )
-        if reads is None:
-            if allowed is None:
-                allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-            streaming = streaming_keys(allowed, sink, window)
+        if one_token and allowed is None:  # one query that sees every key
+            streaming = _sink_and_window(key_length, sink, window, query.device)
         else:
-            reads = reads.transpose(1, 2)
+            if not one_token:
+                reads = blocked_streaming_attention(
+                    query, key, value, allowed, causal, sink, window, scaling, dropout
+                )
+            if reads is None:
+                if allowed is None:
+                    allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
+                streaming = streaming_keys(allowed, sink, window)
+            else:
+                reads = reads.transpose(1, 2)
     if one_token and streaming is not None and not _skipping_pays(block_patch, keep, num_groups, key_length):
-        heads_keys = torch.where(keep.view(1, -1, 1, 1) > 0, allowed, streaming)  # (1, H, 1, S) bool
+        kept_heads = keep.view(1, -1, 1, 1) > 0  # (1, H, 1, 1)
+        # (1, H, 1, S) bool: a kept head the keys the mask allows, a dropped head its sink and window keys
+        heads_keys = (
+            streaming | kept_heads if allowed is None else torch.where(kept_heads, allowed, streaming)
+        )
         attended = F.scaled_dot_product_attention(
             query, key, value, attn_mask=heads_keys, dropout_p=dropout, scale=scaling, enable_gqa=True
         )  # (1, H, 1, D)
@@ -157,6 +167,9 @@ def sparse_attention_forward(
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
     dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
+    skips_rows = any(count < query_length for counts in rows_per_group for count in counts)
+    if skips_rows and streaming is None and _blocks_apply(query, key, value, attention_mask, causal, dropout):
+        return _gated(_kept_rows_in_blocks(query, key, value, group_rows, scaling), keep, reads, gate)
     # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
     # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
     if all(2 * count > query_length for counts in rows_per_group for count in counts) and streaming is None:
@@ -217,6 +230,82 @@ def sparse_attention_forward(
     return _gated(out, keep, reads, gate)
 
 
+# A prefill without gradients of a causal batch without padding (transformers then passes no mask) whose keys
+# reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows, with
+# no mask: SDPA on CPU is several times slower with a mask over gathered rows than the causal kernel over
+# every row (benchmarks/sparse_prefill.py), and below about 2,048 keys the blocks save nothing.
+BLOCK_ROWS = 512
+BLOCKED_MIN_KEYS = 2048
+
+
+def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: float) -> bool:
+    """Whether `_kept_rows_in_blocks` serves this call (CPU, causal, no mask, no dropout, no gradient)."""
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    return (
+        causal
+        and attention_mask is None
+        and dropout == 0.0
+        and not needs_grad
+        and query.device.type == "cpu"
+        and key.shape[2] >= BLOCKED_MIN_KEYS
+        and value.shape[-1] == query.shape[-1]
+    )
+
+
+def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
+    """Causal attention of the query rows that keep each key/value group, skipping the rows that drop it:
+    query (B, H, L, D), key/value (B, KV, S, D) (query `i` at key position `S - L + i`), `group_rows:
+    (B, L, KV)` bool -> (B, L, H, D), 0 where a row drops the group. No mask, no gradient.
+
+    Each block of `BLOCK_ROWS` rows takes two unmasked SDPA calls that return their log-sum-exp: all its
+    rows, causal, over the block's own keys, and its kept rows over every earlier key; the two are merged by
+    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    batch, num_heads, length, head_dim = query.shape
+    num_groups, offset = key.shape[1], key.shape[2] - length
+    heads_per_group = num_heads // num_groups
+    out = query.new_zeros(batch, length, num_heads, head_dim)
+    starts = range(0, length, BLOCK_ROWS)
+    for b in range(batch):
+        for g in range(num_groups):
+            heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
+            group_query = query[b : b + 1, heads]  # (1, n, L, D)
+            group_key, group_value = (
+                t[b : b + 1, g : g + 1].expand(-1, heads_per_group, -1, -1) for t in (key, value)
+            )  # (1, n, S, D) each
+            rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
+            counts = torch.bincount(rows // BLOCK_ROWS, minlength=len(starts)).tolist()
+            for start, block_rows in zip(starts, rows.split(counts), strict=True):
+                if not block_rows.numel():
+                    continue
+                stop, first = min(start + BLOCK_ROWS, length), offset + start  # first: the block's first key
+                block_query = group_query[:, :, start:stop]  # (1, n, c, D)
+                attended, lse = flash(
+                    block_query,
+                    group_key[:, :, first : offset + stop],
+                    group_value[:, :, first : offset + stop],
+                    is_causal=True,
+                    scale=scaling,
+                )  # (1, n, c, D), (1, n, c)
+                if block_rows.numel() < stop - start:
+                    local = block_rows - start
+                    attended, lse, block_query = (
+                        attended[:, :, local],
+                        lse[:, :, local],
+                        block_query[:, :, local],
+                    )
+                if first:
+                    earlier, earlier_lse = flash(
+                        block_query, group_key[:, :, :first], group_value[:, :, :first], scale=scaling
+                    )  # (1, n, r, D), (1, n, r)
+                    total = torch.logaddexp(lse, earlier_lse)
+                    attended = attended * (lse - total).exp().unsqueeze(-1) + earlier * (
+                        earlier_lse - total
+                    ).exp().unsqueeze(-1)
+                out[b, block_rows, heads] = attended[0].transpose(0, 1).to(out.dtype)  # (r, n, D)
+    return out
+
+
 # A decode step whose dropped groups read sink and window keys skips the rest of their keys only when it
 # skips at least this many keys in all (dropped groups x cache length); below, one SDPA call over every
 # group, each dropped head masked to its sink and window keys, costs less than the skipping path's extra ops
@@ -229,8 +318,18 @@ def _skipping_pays(block_patch, keep: torch.Tensor, num_groups: int, key_length:
     """Whether this decode step of one token skips the keys its dropped groups do not read."""
     if block_patch.sparse:
         return True
+    if (num_groups - 1) * key_length < SKIP_DECODE_KEYS:  # top-k keeps a group: no more can be dropped
+        return False
     dropped_groups = num_groups - int(keep.view(num_groups, -1).amax(-1).count_nonzero())
     return dropped_groups * key_length >= SKIP_DECODE_KEYS
+
+
+def _sink_and_window(key_length: int, sink: int, window: int, device) -> torch.Tensor:
+    """`streaming_keys` of one query that sees all `key_length` keys, `(1, 1, 1, S)` bool, in 3 ops instead
+    of 8 (a decode step runs it per layer)."""
+    keys = torch.ones(1, 1, 1, key_length, dtype=torch.bool, device=device)
+    keys[..., sink : max(sink, key_length - window)].fill_(False)
+    return keys
 
 
 def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | None, gate: torch.Tensor):

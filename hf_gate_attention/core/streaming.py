@@ -140,13 +140,17 @@ def blocked_streaming_attention(
     heads_per_group = num_heads // num_groups
     rows = query.unflatten(1, (num_groups, heads_per_group)).transpose(2, 3)  # (B, KV, L, n, D)
     rows = F.pad(rows, (0, 0, 0, 0, 0, pad)) if pad else rows  # (B, KV, Lp, n, D)
-    rows = rows.reshape(batch, num_groups * blocks, block * heads_per_group, head_dim)  # per (KV, nb): (c, n)
-    block_keys, block_values = (_gather_keys(t, positions).flatten(1, 2) for t in (key, value))
-    valid = valid[:, None, :, :, None].expand(-1, num_groups, -1, -1, heads_per_group, -1)
-    valid = valid.reshape(mask_batch, num_groups * blocks, block * heads_per_group, -1)  # as the rows
-    # (B, KV*nb, c*n, D) against (B, KV*nb, s + T, D): SDPA's fused kernels, no (c*n, s + T) kept for backward
+    rows = rows.reshape(batch * num_groups, blocks, block * heads_per_group, head_dim)  # per block: (c, n)
+    block_keys, block_values = (_gather_keys(t, positions).flatten(0, 1) for t in (key, value))
+    valid = valid.unsqueeze(3).expand(-1, -1, -1, heads_per_group, -1).flatten(2, 3)  # (B', nb, c*n, s + T)
+    if mask_batch > 1:
+        valid = valid.repeat_interleave(num_groups, 0)  # (B*KV, nb, c*n, s + T)
+    # additive, and shared by the key/value groups: CPU SDPA reads it broadcast, in half the time of a bool
+    # mask expanded to every group (which it converts at full size; benchmarks/sparse_prefill.py)
+    bias = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill_(~valid, -torch.inf)
+    # (B*KV, nb, c*n, D) against (B*KV, nb, s + T, D): SDPA's fused kernels, no (c*n, s + T) kept for backward
     out = F.scaled_dot_product_attention(
-        rows, block_keys, block_values, attn_mask=valid, dropout_p=dropout, scale=scaling
+        rows, block_keys, block_values, attn_mask=bias, dropout_p=dropout, scale=scaling
     )
     if not sees_all:  # a row that sees nothing gives 0 (not every SDPA kernel makes it 0 itself)
         out = torch.where(valid.any(-1, keepdim=True), out, 0)

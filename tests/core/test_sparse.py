@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 from helpers import first_output, tiny_inputs, tiny_model
+from torch.nn import functional as F
 
 from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core import sparse
@@ -337,3 +338,66 @@ def test_peft_lora_on_the_projections_keeps_sparse_decode_exact(order):
     expected, got = results
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "groups", "length", "keys", "block", "dtype"),
+    [
+        (2, 6, 3, 37, 37, 8, torch.float32),  # blocks that do not divide the rows
+        (1, 4, 1, 50, 61, 7, torch.float32),  # 11 cached keys before the rows (a chunk of a prefill)
+        (2, 8, 2, 9, 9, 16, torch.float32),  # one block, larger than the rows
+        (1, 3, 3, 100, 130, 32, torch.float32),  # one head per group
+        (1, 6, 3, 40, 40, 16, torch.bfloat16),
+    ],
+)
+def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
+    monkeypatch, batch, heads, groups, length, keys, block, dtype
+):
+    """The blocked causal attention of the kept rows (`_kept_rows_in_blocks`) against SDPA with the causal
+    mask of all rows, zeroed where a row drops the group; some groups are kept by every row, some by none."""
+    monkeypatch.setattr(sparse, "BLOCK_ROWS", block)
+    generator = torch.Generator().manual_seed(length)
+    query = torch.randn(batch, heads, length, 8, generator=generator).to(dtype)
+    key, value = (torch.randn(batch, groups, keys, 8, generator=generator).to(dtype) for _ in range(2))
+    rows = torch.rand(batch, length, groups, generator=generator) < 0.6  # (B, L, KV)
+    rows[0, :, 0] = True
+    rows[-1, :, -1] = False
+    out = sparse._kept_rows_in_blocks(query, key, value, rows, 0.3)  # (B, L, H, D)
+    causal = torch.arange(keys) <= torch.arange(keys - length, keys)[:, None]  # (L, S)
+    expected = F.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=causal, scale=0.3, enable_gqa=True
+    ).transpose(1, 2)
+    expected = torch.where(rows.repeat_interleave(heads // groups, -1)[..., None], expected, 0)
+    tolerance = 1e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("selection", [*SELECTIONS, "top2-head-sink1-window2"])
+def test_prefill_without_gradients_runs_the_kept_rows_in_blocks(monkeypatch, selection):
+    """A causal prefill of unpadded sequences without gradients (no mask reaches the attention function) runs
+    `_kept_rows_in_blocks` (here with 4-row blocks from 8 keys) and gives the masked reference's logits; not
+    where every row keeps every group (top-3 of 3), nor with gradients."""
+    monkeypatch.setattr(sparse, "BLOCK_ROWS", 4)
+    monkeypatch.setattr(sparse, "BLOCKED_MIN_KEYS", 8)
+    calls = []
+    kept_rows_in_blocks = sparse._kept_rows_in_blocks
+    monkeypatch.setattr(
+        sparse, "_kept_rows_in_blocks", lambda *args: calls.append(1) or kept_rows_in_blocks(*args)
+    )
+    selections = {**SELECTIONS, "top2-head-sink1-window2": {"top_k": 2, "top_k_sink": 1, "top_k_window": 2}}
+    config = GateConfig(init="paper", **selections[selection])
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    input_ids = tiny_inputs("llama", batch=2, length=21)["input_ids"]
+    logits = {}
+    for sparse_mode in (False, True):
+        torch.manual_seed(7)
+        patch(model, config, backend="torch", sparse=sparse_mode)
+        with torch.no_grad():
+            logits[sparse_mode] = model(input_ids=input_ids).logits
+        if sparse_mode:
+            blocked_calls = len(calls)
+            model(input_ids=input_ids).logits.sum().backward()  # with gradients: the per-group path
+        unpatch(model)
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
+    # one call per layer (2 layers), none where nothing is skipped
+    assert blocked_calls == (0 if selection == "top3-kv_group" else 2) and len(calls) == blocked_calls

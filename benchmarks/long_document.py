@@ -43,9 +43,10 @@ from harness import (
 )
 from overhead import load_model
 
+from hf_gate_attention.claims import SPEEDUP_CLAIM as CLAIM
+from hf_gate_attention.claims import speed_verdict
 from hf_gate_attention.offline import resolve_model
 
-CLAIM = 1.18
 DENSE = "output/headwise"
 CASES = [
     BASELINE,
@@ -70,12 +71,6 @@ def summary(bench: Bench, document: torch.Tensor, new_tokens: int) -> tuple[floa
     for _ in range(new_tokens):
         token = bench.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
     return prefill, time.perf_counter() - start
-
-
-def verdict(speedups: list[float]) -> str:
-    if all(speedup >= CLAIM for speedup in speedups):
-        return "reproduced"
-    return "not reproduced" if all(speedup < CLAIM for speedup in speedups) else "inconclusive"
 
 
 def measure_length(bench: Bench, length: int, args) -> list[dict]:
@@ -117,7 +112,7 @@ def measure_length(bench: Bench, length: int, args) -> list[dict]:
                 "speedup_vs_dense": versus_dense[0],
                 "speedup_vs_dense_low": versus_dense[1],
                 "speedup_vs_dense_high": versus_dense[2],
-                "verdict": verdict(speedups),
+                "verdict": speed_verdict(speedups),
                 "rounds": len(total),
             }
         )

@@ -232,10 +232,14 @@ def sparse_attention_forward(
 
 # A prefill without gradients of a causal batch without padding (transformers then passes no mask) whose keys
 # reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows, with
-# no mask: SDPA on CPU is several times slower with a mask over gathered rows than the causal kernel over
-# every row (benchmarks/sparse_prefill.py), and below about 2,048 keys the blocks save nothing.
+# no mask: on CPU, SDPA over the gathered kept rows with their mask rows took x3.2-6.7 the time of the causal
+# call over every row, the blocks x0.60-1.29 (benchmarks/results/sparse_prefill.md, 1k to 8k keys). Their work
+# relative to the causal call is about `kept rows / L + BLOCK_ROWS / L`; a group whose share exceeds
+# BLOCKS_PAY runs the causal call over all its rows instead (measured: 2k keys keeping 2 of 3 groups, share
+# 0.92, x1.10; 4k, 0.79, x0.94; 2k keeping 1, 0.58, x0.90), and below 2k keys the blocks never paid.
 BLOCK_ROWS = 512
 BLOCKED_MIN_KEYS = 2048
+BLOCKS_PAY = 0.8
 
 
 def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: float) -> bool:
@@ -255,11 +259,14 @@ def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: floa
 def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
     """Causal attention of the query rows that keep each key/value group, skipping the rows that drop it:
     query (B, H, L, D), key/value (B, KV, S, D) (query `i` at key position `S - L + i`), `group_rows:
-    (B, L, KV)` bool -> (B, L, H, D), 0 where a row drops the group. No mask, no gradient.
+    (B, L, KV)` bool -> (B, L, H, D), exact at the rows that keep the group; elsewhere 0, or the attention of
+    the row where the group ran on all rows (callers gate those to 0 or replace them by their reads). No
+    mask, no gradient.
 
     Each block of `BLOCK_ROWS` rows takes two unmasked SDPA calls that return their log-sum-exp: all its
     rows, causal, over the block's own keys, and its kept rows over every earlier key; the two are merged by
-    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`."""
+    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`. A group
+    where that would not pay (`BLOCKS_PAY`) runs one causal call over all its rows."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     batch, num_heads, length, head_dim = query.shape
     num_groups, offset = key.shape[1], key.shape[2] - length
@@ -274,6 +281,10 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
                 t[b : b + 1, g : g + 1].expand(-1, heads_per_group, -1, -1) for t in (key, value)
             )  # (1, n, S, D) each
             rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
+            if offset == 0 and rows.numel() + BLOCK_ROWS > BLOCKS_PAY * length:  # blocks would not pay
+                attended, _ = flash(group_query, group_key, group_value, is_causal=True, scale=scaling)
+                out[b, :, heads] = attended[0].transpose(0, 1)  # (L, n, D)
+                continue
             counts = torch.bincount(rows // BLOCK_ROWS, minlength=len(starts)).tolist()
             for start, block_rows in zip(starts, rows.split(counts), strict=True):
                 if not block_rows.numel():

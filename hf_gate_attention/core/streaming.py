@@ -85,9 +85,12 @@ def _row_bounds(allowed: torch.Tensor | None, length: int, key_length: int, caus
 def _gather_keys(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """`tensor: (B, KV, S, D)` at `positions: (B or 1, *P)` (clamped to the cache) -> `(B, KV, *P, D)`."""
     batch, num_groups, length, head_dim = tensor.shape
-    index = positions.clamp(0, length - 1).flatten(1)[:, None, :, None]  # (B', 1, P, 1)
-    index = index.expand(batch, num_groups, -1, head_dim)
-    return tensor.gather(2, index).view(batch, num_groups, *positions.shape[1:], head_dim)
+    index = positions.clamp(0, length - 1).flatten(1)  # (B', P)
+    if index.shape[0] == 1:  # the same positions in every sequence: whole rows, a third of `gather`'s time
+        gathered = tensor.index_select(2, index[0])
+    else:
+        gathered = tensor.gather(2, index[:, None, :, None].expand(batch, num_groups, -1, head_dim))
+    return gathered.view(batch, num_groups, *positions.shape[1:], head_dim)
 
 
 def blocked_streaming_attention(

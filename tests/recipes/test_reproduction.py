@@ -9,6 +9,7 @@ import pytest
 
 from hf_gate_attention.claims import rouge_verdict, speed_verdict
 from hf_gate_attention.recipes.common.speed import NOISY_NOTE
+from hf_gate_attention.recipes.summarization import reproduction
 from hf_gate_attention.recipes.summarization.reproduction import main, reproduction_report
 
 # baseline ROUGE-L 25: the claimed +3.2 % is +0.8 points
@@ -116,3 +117,30 @@ def test_sparse_runs_are_judged_against_the_same_gate_without_top_k(sparse_score
     lines = _sparse_against_dense(metrics, config)
     (row,) = [line for line in lines if line.startswith("| sparse |")]
     assert row.endswith("| x0.925 [0.600, 1.250] noisy |") and lines[-1] == NOISY_NOTE
+
+
+def test_long_document_section_judges_each_length(tmp_path):
+    """The section lists every length and case of `benchmarks/long_document.py`'s CSV (not its profile rows)
+    with the verdict of the round range, names where the claim holds, and is absent without the file."""
+    path = tmp_path / "long_document.csv"
+    path.write_text(
+        "length,case,prefill_time_ratio,decode_time_ratio,speedup,speedup_low,speedup_high,"
+        "speedup_vs_dense,speedup_vs_dense_low,speedup_vs_dense_high,phase,op,share\n"
+        "1024,ungated,1,1,1,1,1,0.95,0.9,1.0,,,\n"
+        "1024,top-1,0.8,0.9,1.25,1.2,1.3,1.3,1.25,1.35,,,\n"
+        "8192,top-1,0.7,0.9,1.2,1.1,1.3,1.2,1.1,1.3,,,\n"
+        "8192,top-2,0.9,1.1,0.9,0.85,0.95,1.0,0.9,1.1,,,\n"
+        ",ungated,,,,,,,,,prefill,aten::mm,0.3\n"
+    )
+    section = "\n".join(reproduction._long_documents(path))
+    assert (
+        "| 1,024 | ungated | x1.000 | x1.000 | x1.000 [1.000, 1.000] | x0.950 [0.900, 1.000] |  |" in section
+    )
+    assert (
+        "| 1,024 | top-1 | x0.800 | x0.900 | x1.250 [1.200, 1.300] | x1.300 [1.250, 1.350] | reproduced |"
+        in section
+    )
+    assert "| 8,192 | top-1 |" in section and section.count("| inconclusive |") == 1
+    assert section.count("| not reproduced |") == 1 and "aten::mm" not in section
+    assert section.endswith("holds in every round for: top-1 at 1,024 tokens.")
+    assert reproduction._long_documents(tmp_path / "missing.csv") == []

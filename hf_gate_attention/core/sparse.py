@@ -167,9 +167,17 @@ def sparse_attention_forward(
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
     dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
-    skips_rows = any(count < query_length for counts in rows_per_group for count in counts)
-    if skips_rows and streaming is None and _blocks_apply(query, key, value, attention_mask, causal, dropout):
-        return _gated(_kept_rows_in_blocks(query, key, value, group_rows, scaling), keep, reads, gate)
+    # (B, KV): the groups whose kept rows the blocks serve faster than one causal call over every row
+    in_blocks = [
+        [count + BLOCK_ROWS <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group
+    ]
+    if (
+        any(map(any, in_blocks))
+        and streaming is None
+        and _blocks_apply(query, key, value, attention_mask, causal, dropout)
+    ):
+        attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks)
+        return _gated(attended, keep, reads, gate)
     # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
     # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
     if all(2 * count > query_length for counts in rows_per_group for count in counts) and streaming is None:
@@ -235,8 +243,9 @@ def sparse_attention_forward(
 # no mask: on CPU, SDPA over the gathered kept rows with their mask rows took x3.2-6.7 the time of the causal
 # call over every row, the blocks x0.60-1.29 (benchmarks/results/sparse_prefill.md, 1k to 8k keys). Their work
 # relative to the causal call is about `kept rows / L + BLOCK_ROWS / L`; a group whose share exceeds
-# BLOCKS_PAY runs the causal call over all its rows instead (measured: 2k keys keeping 2 of 3 groups, share
-# 0.92, x1.10; 4k, 0.79, x0.94; 2k keeping 1, 0.58, x0.90), and below 2k keys the blocks never paid.
+# BLOCKS_PAY runs the causal call over all its rows instead (a layer where no group is under it, the
+# all-rows rule below: one call). Measured: 2k keys keeping 2 of 3 groups, share 0.92, x1.10 to x1.17; 4k,
+# 0.79, x0.94; 2k keeping 1, 0.58, x0.87 to x0.90; below 2k keys the blocks never paid.
 BLOCK_ROWS = 512
 BLOCKED_MIN_KEYS = 2048
 BLOCKS_PAY = 0.8
@@ -256,7 +265,7 @@ def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: floa
     )
 
 
-def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
+def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None):
     """Causal attention of the query rows that keep each key/value group, skipping the rows that drop it:
     query (B, H, L, D), key/value (B, KV, S, D) (query `i` at key position `S - L + i`), `group_rows:
     (B, L, KV)` bool -> (B, L, H, D), exact at the rows that keep the group; elsewhere 0, or the attention of
@@ -265,8 +274,9 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
 
     Each block of `BLOCK_ROWS` rows takes two unmasked SDPA calls that return their log-sum-exp: all its
     rows, causal, over the block's own keys, and its kept rows over every earlier key; the two are merged by
-    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`. A group
-    where that would not pay (`BLOCKS_PAY`) runs one causal call over all its rows."""
+    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`. Where
+    `in_blocks` (per sequence, a bool per group; `None`: all) says no and there is no cached key, the group
+    runs one causal call over all its rows instead."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     batch, num_heads, length, head_dim = query.shape
     num_groups, offset = key.shape[1], key.shape[2] - length
@@ -281,7 +291,7 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling):
                 t[b : b + 1, g : g + 1].expand(-1, heads_per_group, -1, -1) for t in (key, value)
             )  # (1, n, S, D) each
             rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
-            if offset == 0 and rows.numel() + BLOCK_ROWS > BLOCKS_PAY * length:  # blocks would not pay
+            if offset == 0 and in_blocks is not None and not in_blocks[b][g]:
                 attended, _ = flash(group_query, group_key, group_value, is_causal=True, scale=scaling)
                 out[b, :, heads] = attended[0].transpose(0, 1)  # (L, n, D)
                 continue

@@ -354,8 +354,7 @@ def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
     monkeypatch, batch, heads, groups, length, keys, block, dtype
 ):
     """The blocked causal attention of the kept rows (`_kept_rows_in_blocks`) against SDPA with the causal
-    mask of all rows, at the kept rows; some groups are kept by every row (they run one causal call where
-    there is no cached key), some by none."""
+    mask of all rows, at the kept rows; some groups are kept by every row, some by none, some by few."""
     monkeypatch.setattr(sparse, "BLOCK_ROWS", block)
     generator = torch.Generator().manual_seed(length)
     query = torch.randn(batch, heads, length, 8, generator=generator).to(dtype)
@@ -364,7 +363,8 @@ def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
     rows[0, :, 0] = True
     rows[-1, :, groups // 2] = torch.arange(length) % 5 == 0  # few kept rows: blocks also without a cache
     rows[-1, :, -1] = False
-    out = sparse._kept_rows_in_blocks(query, key, value, rows, 0.3)  # (B, L, H, D)
+    in_blocks = [[group > 0 for group in range(groups)]] * batch  # group 0: one causal call without a cache
+    out = sparse._kept_rows_in_blocks(query, key, value, rows, 0.3, in_blocks)  # (B, L, H, D)
     causal = torch.arange(keys) <= torch.arange(keys - length, keys)[:, None]  # (L, S)
     expected = F.scaled_dot_product_attention(
         query.float(), key.float(), value.float(), attn_mask=causal, scale=0.3, enable_gqa=True
@@ -379,9 +379,10 @@ def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
 def test_prefill_without_gradients_runs_the_kept_rows_in_blocks(monkeypatch, selection):
     """A causal prefill of unpadded sequences without gradients (no mask reaches the attention function) runs
     `_kept_rows_in_blocks` (here with 4-row blocks from 8 keys) and gives the masked reference's logits; not
-    where every row keeps every group (top-3 of 3), nor with gradients."""
+    where no group pays (top-3 of 3: every row keeps every group), nor with gradients."""
     monkeypatch.setattr(sparse, "BLOCK_ROWS", 4)
     monkeypatch.setattr(sparse, "BLOCKED_MIN_KEYS", 8)
+    monkeypatch.setattr(sparse, "BLOCKS_PAY", 1.1)  # a group in blocks where it keeps at most 19 of 21 rows
     calls = []
     kept_rows_in_blocks = sparse._kept_rows_in_blocks
     monkeypatch.setattr(

@@ -50,6 +50,7 @@ from overhead import load_model
 from transformers import DynamicCache, StaticCache
 
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
+from hf_gate_attention.core import sparse as sparse_module
 from hf_gate_attention.offline import resolve_model
 
 BASELINE = "ungated"
@@ -78,6 +79,15 @@ CASES = {
         "top_k_window": 64,
     },
 }
+# the two ways a single sequence's decode step with sink and window reads can run, which
+# `sparse.SKIP_DECODE_KEYS` chooses between (`None` in `SKIP_KEYS`: the default choice)
+SKIP_KEYS = {
+    f"top-{kept} of 3, sink 4 + window 64, {way}": keys
+    for kept in (2, 1)
+    for way, keys in (("skipping", 0), ("one masked call", 10**9))
+}
+CASES.update({case: CASES[case.rsplit(", ", 1)[0]] for case in SKIP_KEYS})
+DEFAULT_SKIP_DECODE_KEYS = sparse_module.SKIP_DECODE_KEYS
 PHASES = ("decode", "prefill", "train")
 CACHES = ("dynamic", "static")
 
@@ -98,6 +108,7 @@ class Bench:
             for param in self.optimizer.param_groups.pop()["params"]:
                 self.optimizer.state.pop(param, None)
             unpatch(self.model)
+        sparse_module.SKIP_DECODE_KEYS = SKIP_KEYS.get(case, DEFAULT_SKIP_DECODE_KEYS)
         if CASES[case] is not None:
             torch.manual_seed(0)
             patch(self.model, GateConfig(init="paper", **CASES[case]), backend=self.backend)

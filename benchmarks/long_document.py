@@ -5,9 +5,11 @@ single-token decode steps on that cache, as `generate` runs them (batch 1, Dynam
 the ungated SmolLM2-135M-Instruct, the dense gates of the reproduction (`output` headwise and elementwise,
 `qk` headwise) and its sparse runs that keep quality (top-2 / top-1 of 3 key/value groups whose dropped
 groups read a sink of 4 and a window of 64 keys), all on backend `torch` (`benchmarks/decode.py`'s cases,
-`init="paper"`). Speed depends on the gates' shapes, not their trained values: the sparse runs keep a fixed
-number of groups per token, so untrained gates do the same work as the reproduction's trained ones (whose
-weights are not in git). Token ids are random for the same reason.
+`init="paper"`). The token ids are random, and so are the gates: they keep the runs' number of groups per
+token, which fixes the work of decode; prefill skips rows per group (`core/sparse.py`), so there the work also
+depends on how the kept rows spread over the groups, and untrained gates spread them at random (the
+reproduction's trained gates keep some groups for nearly every token and drop others for nearly every token;
+their weights are not in git).
 
 Per length, every case runs once per round in an order rotated from round to round, after an untimed
 warm-up round (`harness.py`); ratios are medians over rounds of (case / ungated of the same round), with the

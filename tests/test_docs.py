@@ -532,6 +532,65 @@ def test_the_prefill_and_training_costs_as_quoted():
             )
 
 
+def test_the_sparse_prefill_attention_as_quoted():
+    [rows] = [r for r in tables(read(BENCHMARKS / "sparse_prefill.md")) if r and "ratio [rounds]" in r[0]]
+    by = {(row["keys"], row["case"]): row for row in rows}
+
+    def cases(prefix: str) -> list[Decimal]:
+        return sorted(ratio(row["ratio [rounds]"]) for row in rows if row["case"].startswith(prefix))
+
+    gathered, blocks = cases("kept rows gathered"), cases("kept rows in blocks")
+    sparse, code = REPO / "docs" / "sparse.md", REPO / "hf_gate_attention" / "core" / "sparse.py"
+    at = {  # (keys, kept groups) -> the blocks' ratio, three decimals
+        (keys, k): first(by[keys, f"kept rows in blocks, top-{k} of 3"]["ratio [rounds]"])
+        for keys in ("2,048", "4,096", "8,192")
+        for k in (1, 2)
+    }
+    assert says(
+        sparse,
+        f"took x{gathered[0]:.1f} to x{gathered[-1]:.1f} the time of the causal call over every row, the "
+        f"blocks x{blocks[0]:.2f} to x{blocks[-1]:.2f}",
+    )
+    assert says(
+        sparse,
+        f"keeping 1 of 3 groups the blocks take {at['2,048', 1]} the causal call's time at 2k and "
+        f"{at['8,192', 1]} at 8k, keeping 2 of 3 {at['4,096', 2]} at 4k and {at['8,192', 2]} at 8k",
+    )
+    comment = flat(re.sub(r"\n\s*# ", " ", read(code)))  # the comment lines joined
+    assert flat(f"took x{gathered[0]:.1f} to x{gathered[-1]:.1f} the time of the causal call") in comment
+    shares = f"share 0.92, {at['2,048', 2]}; 4k, 0.79, {at['4,096', 2]}; 2k keeping 1, 0.58, {at['2,048', 1]}"
+    assert flat(shares) in comment
+    ms = {key: Decimal(row["ms"]) for key, row in by.items()}
+    mask_ratios = sorted(
+        ms[keys, "SDPA over the reads' blocks, bool mask per group"]
+        / ms[keys, "SDPA over the reads' blocks, additive mask shared by groups"]
+        for keys in ("1,024", "2,048", "4,096", "8,192")
+    )
+    assert says(sparse, f"took x{mask_ratios[0]:.2f} to x{mask_ratios[-1]:.2f} the time at 1k to 8k tokens")
+
+
+def test_the_decode_skip_threshold_as_quoted():
+    rows = bench("decode_sink_window_skipping.md")
+    dynamic = "decode (dynamic cache)"
+
+    def step(tokens: str, kept: int, way: str) -> str:  # the median ratio as the table gives it, `x1.144`
+        case = f"top-{kept} of 3, sink 4 + window 64, {way}"
+        return first(rows[dynamic, tokens, case]["time ratio vs ungated (median, range of rounds)"])
+
+    skip, masked = "skipping", "one masked call"
+    longer = [(tokens, kept) for tokens, kept in (("4,096", 1), ("8,192", 2), ("8,192", 1))]
+    skipping = sorted(ratio(step(tokens, kept, skip)) for tokens, kept in longer)
+    masking = sorted(ratio(step(tokens, kept, masked)) for tokens, kept in longer)
+    assert says(
+        REPO / "docs" / "sparse.md",
+        f"skipping 2,048 keys {step('2,048', 2, skip)} the ungated step against {step('2,048', 2, masked)} "
+        f"masked, 4,096 keys {step('2,048', 1, skip)} and {step('4,096', 2, skip)} against "
+        f"{step('2,048', 1, masked)} and {step('4,096', 2, masked)}, 8,192 keys and more x{skipping[0]} to "
+        f"x{skipping[-1]} against x{masking[0]} to x{masking[-1]})",
+    )
+    assert max(skipping) < min(masking)  # where SKIP_DECODE_KEYS skips, skipping was faster in the medians
+
+
 def test_the_long_documents_as_quoted():
     [rows] = [r for r in tables(read(BENCHMARKS / "long_document.md")) if r and "+18 % claim" in r[0]]
     by = {(row["document tokens"], row["case"]): row for row in rows}

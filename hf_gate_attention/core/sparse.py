@@ -240,12 +240,12 @@ def sparse_attention_forward(
 
 # A prefill without gradients of a causal batch without padding (transformers then passes no mask) whose keys
 # reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows, with
-# no mask: on CPU, SDPA over the gathered kept rows with their mask rows took x3.2-6.7 the time of the causal
-# call over every row, the blocks x0.60-1.29 (benchmarks/results/sparse_prefill.md, 1k to 8k keys). Their work
-# relative to the causal call is about `kept rows / L + BLOCK_ROWS / L`; a group whose share exceeds
-# BLOCKS_PAY runs the causal call over all its rows instead (a layer where no group is under it, the
-# all-rows rule below: one call). Measured: 2k keys keeping 2 of 3 groups, share 0.92, x1.10 to x1.17; 4k,
-# 0.79, x0.94; 2k keeping 1, 0.58, x0.87 to x0.90; below 2k keys the blocks never paid.
+# no mask: on CPU, SDPA over the gathered kept rows with their mask rows took x1.8 to x7.0 the time of the
+# causal call over every row, the blocks x0.60 to x1.28 (benchmarks/results/sparse_prefill.md, 1k to 8k
+# keys). Their work relative to the causal call is about `kept rows / L + BLOCK_ROWS / L`; a group whose share
+# exceeds BLOCKS_PAY runs the causal call over all its rows instead (a layer where no group is under it, the
+# all-rows rule below: one call). Measured: 2k keys keeping 2 of 3 groups, share 0.92, x1.085; 4k, 0.79,
+# x0.937; 2k keeping 1, 0.58, x0.897; below 2k keys the blocks never paid.
 BLOCK_ROWS = 512
 BLOCKED_MIN_KEYS = 2048
 BLOCKS_PAY = 0.8
@@ -330,9 +330,11 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None)
 # A decode step whose dropped groups read sink and window keys skips the rest of their keys only when it
 # skips at least this many keys in all (dropped groups x cache length); below, one SDPA call over every
 # group, each dropped head masked to its sink and window keys, costs less than the skipping path's extra ops
-# (benchmarks/results/decode_sink_window.md: on the 2-core CPU, skipping 1 group of SmolLM2's 3 was slower
-# than the dense gate up to 8,192 keys, skipping 2 faster from 4,096). `patch(sparse=True)` always skips.
-SKIP_DECODE_KEYS = 16384
+# (benchmarks/results/decode_sink_window_skipping.md, SmolLM2-135M, 2-core CPU, time per step against
+# ungated, skipping and masked: keeping 2 of 3 groups at 2k context, 2,048 keys skipped, x1.144 and x1.135;
+# keeping 1 at 2k, 4,096 keys, x1.121 and x1.151; keeping 2 at 4k, 4,096 keys, x1.066 and x1.082; more keys,
+# skipping x0.91-1.00, masked x1.09-1.12). `patch(sparse=True)` always skips.
+SKIP_DECODE_KEYS = 4096
 
 
 def _skipping_pays(block_patch, keep: torch.Tensor, num_groups: int, key_length: int) -> bool:

@@ -160,8 +160,8 @@ def _long_documents(path: Path) -> list[str]:
         "## Speed at long-document lengths",
         "",
         f"From `{path}` (`python benchmarks/long_document.py --out {path.with_suffix('')}`, whose header "
-        "gives the setup): the base model of the runs with untrained gates of each run's shape (the work "
-        "depends on the shapes, not on the trained values), random token ids, one summary = the prefill of "
+        "gives the setup): the base model of the runs with untrained gates of each run's shape (they keep "
+        "as many groups per token, at random), random token ids, one summary = the prefill of "
         "the document and its decoded tokens. Time ratios: case / ungated, prefill and decode apart (below 1 "
         "is faster); speed-ups per summary and the verdict by the rule above, per length.",
         "",
@@ -263,9 +263,11 @@ def reproduction_report(
         "- With `top_k_sink`/`top_k_window` (runs `...-sink4-window64`) a dropped group is not zeroed: it "
         "attends to the first 4 and the last 64 keys its query sees (`hf_gate_attention/core/streaming.py`). "
         "On the CPU this costs time at these lengths: at decode each dropped group adds an attention over "
-        "its 68 gathered keys, and in prefill every head's reads are computed in blocks of rows, saving "
-        "nothing (`benchmarks/results/decode_sink_window.md` at 1k to 8k tokens, "
-        "`benchmarks/results/sparse_prefill_train.md`).",
+        "its 68 gathered keys, and in prefill every head's reads are computed in blocks of rows "
+        "(`benchmarks/results/decode_sink_window.md` at 1k to 8k tokens, "
+        "`benchmarks/results/sparse_prefill_train.md`). From 2,048 tokens a prefill without gradients "
+        "skips the rows that drop a group (`benchmarks/results/sparse_prefill.md`); the speed per document "
+        "length: `benchmarks/results/long_document.md`.",
         "- A GPU-scale run would use `recipes/summarization/configs/gpu.yaml`: SmolLM2-1.7B-Instruct, "
         "GovReport (`ccdv/govreport-summarization`), 7,160-token prompts (head+tail), up to 1,024 summary "
         "tokens, bf16, one epoch, the full 973-report test split, the four dense runs:",

@@ -290,11 +290,11 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None)
             group_key, group_value = (
                 t[b : b + 1, g : g + 1].expand(-1, heads_per_group, -1, -1) for t in (key, value)
             )  # (1, n, S, D) each
-            rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
             if offset == 0 and in_blocks is not None and not in_blocks[b][g]:
                 attended, _ = flash(group_query, group_key, group_value, is_causal=True, scale=scaling)
                 out[b, :, heads] = attended[0].transpose(0, 1)  # (L, n, D)
                 continue
+            rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
             counts = torch.bincount(rows // BLOCK_ROWS, minlength=len(starts)).tolist()
             for start, block_rows in zip(starts, rows.split(counts), strict=True):
                 if not block_rows.numel():
@@ -310,19 +310,15 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None)
                 )  # (1, n, c, D), (1, n, c)
                 if block_rows.numel() < stop - start:
                     local = block_rows - start
-                    attended, lse, block_query = (
-                        attended[:, :, local],
-                        lse[:, :, local],
-                        block_query[:, :, local],
-                    )
+                    attended, lse = attended[:, :, local], lse[:, :, local]  # (1, n, r, D), (1, n, r)
+                    block_query = block_query[:, :, local]
                 if first:
                     earlier, earlier_lse = flash(
                         block_query, group_key[:, :, :first], group_value[:, :, :first], scale=scaling
                     )  # (1, n, r, D), (1, n, r)
-                    total = torch.logaddexp(lse, earlier_lse)
-                    attended = attended * (lse - total).exp().unsqueeze(-1) + earlier * (
-                        earlier_lse - total
-                    ).exp().unsqueeze(-1)
+                    total = torch.logaddexp(lse, earlier_lse)  # (1, n, r)
+                    weight, earlier_weight = (lse - total).exp(), (earlier_lse - total).exp()
+                    attended = attended * weight.unsqueeze(-1) + earlier * earlier_weight.unsqueeze(-1)
                 out[b, block_rows, heads] = attended[0].transpose(0, 1).to(out.dtype)  # (r, n, D)
     return out
 

@@ -86,7 +86,7 @@ def _gather_keys(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """`tensor: (B, KV, S, D)` at `positions: (B or 1, *P)` (clamped to the cache) -> `(B, KV, *P, D)`."""
     batch, num_groups, length, head_dim = tensor.shape
     index = positions.clamp(0, length - 1).flatten(1)  # (B', P)
-    if index.shape[0] == 1:  # the same positions in every sequence: whole rows, a third of `gather`'s time
+    if index.shape[0] == 1:  # the same positions in every sequence: whole rows, not an index per element
         gathered = tensor.index_select(2, index[0])
     else:
         gathered = tensor.gather(2, index[:, None, :, None].expand(batch, num_groups, -1, head_dim))
@@ -148,8 +148,9 @@ def blocked_streaming_attention(
     valid = valid.unsqueeze(3).expand(-1, -1, -1, heads_per_group, -1).flatten(2, 3)  # (B', nb, c*n, s + T)
     if mask_batch > 1:
         valid = valid.repeat_interleave(num_groups, 0)  # (B*KV, nb, c*n, s + T)
-    # additive, and shared by the key/value groups: CPU SDPA reads it broadcast, in half the time of a bool
-    # mask expanded to every group (which it converts at full size; benchmarks/sparse_prefill.py)
+    # additive, and shared by the key/value groups: CPU SDPA reads it broadcast, in about two thirds the time
+    # of a bool mask expanded to every group (which it converts at full size;
+    # benchmarks/results/sparse_prefill.md)
     bias = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill_(~valid, -torch.inf)
     # (B*KV, nb, c*n, D) against (B*KV, nb, s + T, D): SDPA's fused kernels, no (c*n, s + T) kept for backward
     out = F.scaled_dot_product_attention(

@@ -249,6 +249,9 @@ def sparse_attention_forward(
 BLOCK_ROWS = 512
 BLOCKED_MIN_KEYS = 2048
 BLOCKS_PAY = 0.8
+# CPU SDPA that also returns the log-sum-exp the blocks merge by: a private op of torch (tested on 2.13);
+# where a torch lacks it, prefill keeps the all-rows rule
+CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: float) -> bool:
@@ -260,6 +263,7 @@ def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: floa
         and dropout == 0.0
         and not needs_grad
         and query.device.type == "cpu"
+        and CPU_FLASH is not None
         and key.shape[2] >= BLOCKED_MIN_KEYS
         and value.shape[-1] == query.shape[-1]
     )
@@ -277,7 +281,7 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None)
     their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`. Where
     `in_blocks` (per sequence, a bool per group; `None`: all) says no and there is no cached key, the group
     runs one causal call over all its rows instead."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    flash = CPU_FLASH
     batch, num_heads, length, head_dim = query.shape
     num_groups, offset = key.shape[1], key.shape[2] - length
     heads_per_group = num_heads // num_groups

@@ -405,3 +405,23 @@ def test_prefill_without_gradients_runs_the_kept_rows_in_blocks(monkeypatch, sel
     torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
     # one call per layer (2 layers), none where nothing is skipped
     assert blocked_calls == (0 if selection == "top3-kv_group" else 2) and len(calls) == blocked_calls
+
+
+def test_prefill_keeps_the_all_rows_rule_without_the_cpu_flash_op(monkeypatch):
+    """Where torch lacks the private CPU op that returns the log-sum-exp, prefill runs the all-rows rule and
+    still gives the masked reference's logits."""
+    monkeypatch.setattr(sparse, "CPU_FLASH", None)
+    monkeypatch.setattr(sparse, "BLOCK_ROWS", 4)  # with the op, top-1's groups would run in blocks here
+    monkeypatch.setattr(sparse, "BLOCKED_MIN_KEYS", 8)
+    monkeypatch.setattr(sparse, "_kept_rows_in_blocks", None)  # calling it would fail
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    input_ids = tiny_inputs("llama", batch=2, length=21)["input_ids"]
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
+    logits = {}
+    for sparse_mode in (False, True):
+        torch.manual_seed(7)
+        patch(model, config, backend="torch", sparse=sparse_mode)
+        with torch.no_grad():
+            logits[sparse_mode] = model(input_ids=input_ids).logits
+        unpatch(model)
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)

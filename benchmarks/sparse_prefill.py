@@ -29,6 +29,7 @@ import argparse
 import datetime
 import statistics
 import time
+from functools import partial
 
 import torch
 from harness import (
@@ -100,13 +101,13 @@ def cases_at(length: int, generator: torch.Generator) -> dict:
     flat = {name: b[name].flatten(0, 1)[None] for name in ("rows", "key", "value")}  # (1, KV*nb, ., D)
     cases = {BASELINE: lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}
     for top_k in (2, 1):
-        cases[f"kept rows in blocks, top-{top_k} of 3"] = partial_call(
+        cases[f"kept rows in blocks, top-{top_k} of 3"] = partial(
             _kept_rows_in_blocks, q, k, v, kept[top_k], None
         )
-        cases[f"kept rows gathered with their mask, top-{top_k} of 3"] = partial_call(
+        cases[f"kept rows gathered with their mask, top-{top_k} of 3"] = partial(
             gathered_with_mask, q, k, v, kept[top_k]
         )
-    cases[f"sink {SINK} + window {WINDOW} reads, every row"] = partial_call(
+    cases[f"sink {SINK} + window {WINDOW} reads, every row"] = partial(
         blocked_streaming_attention, q, k, v, None, True, SINK, WINDOW
     )
     cases["SDPA over the reads' blocks, bool mask per group"] = lambda: F.scaled_dot_product_attention(
@@ -116,10 +117,6 @@ def cases_at(length: int, generator: torch.Generator) -> dict:
         F.scaled_dot_product_attention(b["rows"], b["key"], b["value"], attn_mask=b["shared"])
     )
     return cases
-
-
-def partial_call(function, *args):
-    return lambda: function(*args)
 
 
 @torch.no_grad()

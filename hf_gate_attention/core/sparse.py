@@ -165,7 +165,6 @@ def sparse_attention_forward(
         return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
     kept_by_group = keep.unflatten(-1, (num_groups, heads_per_group))  # (B, L, KV, n)
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
-    dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
     # (B, KV): the groups whose kept rows the blocks serve faster than one causal call over every row
     in_blocks = [
@@ -193,6 +192,7 @@ def sparse_attention_forward(
             **kwargs,
         )  # (B, L, H, D)
         return _gated(attended, keep, reads, gate)
+    dropped_rows = kept_by_group.amin(-1) == 0  # (B, L, KV): rows dropping a head of the group
     out = query.new_zeros(batch, query_length, num_heads, value.shape[-1])
 
     def attend(b: int, g: int, rows, mask, is_causal: bool, positions=None):

@@ -392,17 +392,13 @@ def test_prefill_without_gradients_runs_the_kept_rows_in_blocks(monkeypatch, sel
     config = GateConfig(init="paper", **selections[selection])
     model = tiny_model("llama", attn_implementation="sdpa", **GQA)
     input_ids = tiny_inputs("llama", batch=2, length=21)["input_ids"]
-    logits = {}
-    for sparse_mode in (False, True):
-        torch.manual_seed(7)
-        patch(model, config, backend="torch", sparse=sparse_mode)
-        with torch.no_grad():
-            logits[sparse_mode] = model(input_ids=input_ids).logits
-        if sparse_mode:
-            blocked_calls = len(calls)
-            model(input_ids=input_ids).logits.sum().backward()  # with gradients: the per-group path
-        unpatch(model)
-    torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
+    expected = _no_grad_logits(model, config, input_ids, sparse_mode=False)
+    unpatch(model)
+    logits = _no_grad_logits(model, config, input_ids, sparse_mode=True)
+    blocked_calls = len(calls)
+    model(input_ids=input_ids).logits.sum().backward()  # with gradients: the per-group path
+    unpatch(model)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     # one call per layer (2 layers), none where nothing is skipped
     assert blocked_calls == (0 if selection == "top3-kv_group" else 2) and len(calls) == blocked_calls
 
@@ -419,9 +415,15 @@ def test_prefill_keeps_the_all_rows_rule_without_the_cpu_flash_op(monkeypatch):
     config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group")
     logits = {}
     for sparse_mode in (False, True):
-        torch.manual_seed(7)
-        patch(model, config, backend="torch", sparse=sparse_mode)
-        with torch.no_grad():
-            logits[sparse_mode] = model(input_ids=input_ids).logits
+        logits[sparse_mode] = _no_grad_logits(model, config, input_ids, sparse_mode)
         unpatch(model)
     torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
+
+
+def _no_grad_logits(model, config: GateConfig, input_ids: torch.Tensor, sparse_mode) -> torch.Tensor:
+    """The logits of a forward without gradients, `model` patched (and left patched) with `sparse_mode` and
+    the gates seeded alike."""
+    torch.manual_seed(7)
+    patch(model, config, backend="torch", sparse=sparse_mode)
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits

@@ -132,7 +132,8 @@ def test_long_document_section_judges_each_length(tmp_path):
         "8192,top-2,0.9,1.1,0.9,0.85,0.95,1.0,0.9,1.1,,,\n"
         ",ungated,,,,,,,,,prefill,aten::mm,0.3\n"
     )
-    section = "\n".join(reproduction._long_documents(path))
+    lines, holds = reproduction._long_documents(path)
+    section = "\n".join(lines)
     assert (
         "| 1,024 | ungated | x1.000 | x1.000 | x1.000 [1.000, 1.000] | x0.950 [0.900, 1.000] |  |" in section
     )
@@ -143,4 +144,5 @@ def test_long_document_section_judges_each_length(tmp_path):
     assert "| 8,192 | top-1 |" in section and section.count("| inconclusive |") == 1
     assert section.count("| not reproduced |") == 1 and "aten::mm" not in section
     assert section.endswith("holds in every round for: top-1 at 1,024 tokens.")
-    assert reproduction._long_documents(tmp_path / "missing.csv") == []
+    assert holds == "+18 % claim holds in every round for: top-1 at 1,024 tokens"
+    assert reproduction._long_documents(tmp_path / "missing.csv") == ([], "")

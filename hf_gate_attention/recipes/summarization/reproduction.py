@@ -133,11 +133,12 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
     ]
 
 
-def _long_documents(path: Path) -> list[str]:
-    """The speed claim judged per document length: the lines of a section from `benchmarks/long_document.py`'s
-    CSV (its rows per length and case; the profile rows have no speed-up), none where `path` is missing."""
+def _long_documents(path: Path) -> tuple[list[str], str]:
+    """The speed claim judged per document length, from `benchmarks/long_document.py`'s CSV (its rows per
+    length and case; the profile rows have no speed-up): the lines of a section and the sentence saying where
+    the claim holds; `([], "")` where `path` is missing."""
     if not path.is_file():
-        return []
+        return [], ""
     with path.open(newline="", encoding="utf-8") as file:
         rows = [row for row in csv.DictReader(file) if row.get("speedup")]
     cells, reproduced_at = [], []
@@ -155,7 +156,8 @@ def _long_documents(path: Path) -> list[str]:
             + " | ".join("x{:.3f} [{:.3f}, {:.3f}]".format(*ranges[name]) for name in ranges)
             + f" | {verdict} |"
         )
-    return [
+    holds = "+18 % claim holds in every round for: " + (", ".join(reproduced_at) or "no case, at no length")
+    section = [
         "",
         "## Speed at long-document lengths",
         "",
@@ -170,14 +172,9 @@ def _long_documents(path: Path) -> list[str]:
         "|---:|---|---:|---:|---|---|---|",
         *cells,
         "",
-        "The " + _holds_for(reproduced_at),
+        f"The {holds}.",
     ]
-
-
-def _holds_for(reproduced_at: list[str]) -> str:
-    return (
-        "+18 % claim holds in every round for: " + (", ".join(reproduced_at) or "no case, at no length") + "."
-    )
+    return section, holds
 
 
 def reproduction_report(
@@ -211,7 +208,7 @@ def reproduction_report(
             f"| {speed_verdicts[-1]} |"
         )
     level = f"{100 * config['confidence']:g} %"
-    long_lines = _long_documents(Path(long_document))  # the last is the sentence saying where the claim holds
+    long_lines, holds = _long_documents(Path(long_document))
     lines = [
         "# Reproduction of the source article's claims",
         "",
@@ -229,7 +226,7 @@ def reproduction_report(
         *(
             [
                 "- At long-document lengths (untrained gates of the runs' shapes; section *Speed at "
-                "long-document lengths*): the" + long_lines[-1][3:]
+                f"long-document lengths*): the {holds}."
             ]
             if long_lines
             else []

@@ -19,6 +19,8 @@ The gate is the headwise output gate (`init="paper"`: the paper's G1, 9 heads pe
   output by it and projects: the gate's arithmetic with the least Python around it.
 - `inline, merged GEMM`: the same with `[W_q; W_g]` in one GEMM (`z` taken from the query projection's
   output).
+- `sigmoid and multiply only`: the floor of any eager gate: `o_proj` multiplies the attention output by the
+  sigmoid of fixed logits (a tensor per layer, no GEMM, no query-side work), with the views that broadcast it.
 
 The inline cases use their own random gate weights (same shapes and init as `patch`'s) and exist only here,
 for the headwise output gate. `--variant`, `--granularity` and `--dtype` choose the gate and the model's dtype
@@ -65,7 +67,15 @@ from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core.hooks import use_hooks
 from hf_gate_attention.offline import resolve_model
 
-CASES = ("ungated", "patched", "patched, hooks", "no-op hooks", "inline, own GEMM", "inline, merged GEMM")
+CASES = (
+    "ungated",
+    "patched",
+    "patched, hooks",
+    "no-op hooks",
+    "inline, own GEMM",
+    "inline, merged GEMM",
+    "sigmoid and multiply only",
+)
 PACKAGE_CASES = CASES[:3]  # for gates other than the headwise output gate
 
 
@@ -102,6 +112,16 @@ class InlineOutput:
         logits = kept if self.merged else F.linear(kept, self.gate_weight, self.gate_bias)  # (..., H)
         gated = values.unflatten(-1, (self.heads, -1)) * torch.sigmoid(logits).unsqueeze(-1)  # (..., H, D)
         return F.linear(gated.flatten(-2), self.output.weight, self.output.bias)
+
+
+class FixedLogits:
+    """The `kept` of `InlineOutput` for `sigmoid and multiply only`: always the same logits `(1, 1, H)`."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def pop(self) -> torch.Tensor:
+        return self.logits
 
 
 def _noop_pre(module, args):
@@ -145,6 +165,11 @@ class Cases:
                     attention.q_proj.register_forward_hook(_noop_post),
                     attention.o_proj.register_forward_pre_hook(_noop_pre),
                 ]
+            elif case == "sigmoid and multiply only":
+                x = torch.randn(1, 1, weight.shape[1], dtype=weight.dtype)
+                fixed = FixedLogits(F.linear(x, weight))  # (1, 1, H)
+                output = InlineOutput(attention.o_proj, weight, bias, fixed, True, self.heads)
+                attention.o_proj.forward = output
             elif case.startswith("inline"):
                 kept, merged = [], case.endswith("merged GEMM")
                 attention.q_proj.forward = InlineQuery(attention.q_proj, weight, bias, kept, merged)

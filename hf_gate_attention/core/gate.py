@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module  # holds the hooks registered on every module
 
 from .config import GateConfig
 
@@ -141,7 +142,7 @@ class AttentionGate(nn.Module):
         output that nothing else reads). Skips the module call: callers check `called_bare(gate)`."""
         weights = self._parameters  # not `self.weight`: on Python 3.11 that costs as much as a small op
         logits = self.gate_variant.logits(self, weights["weight"], weights["bias"], x, q, k)  # (..., G, w)
-        heads = values.view(*values.shape[:-1], self.num_gated_heads, -1)  # (..., G, D)
+        heads = values.unflatten(-1, (self.num_gated_heads, -1))  # (..., G, D)
         dtype, grad = values.dtype, torch.is_grad_enabled()
         if logits.dtype != dtype or dtype not in self.sigmoid_dtypes or (grad and dtype != torch.float32):
             return (heads * self._sigmoid(logits).to(dtype)).flatten(-2)
@@ -187,22 +188,19 @@ def rounds_like_float32(dtype: torch.dtype, logits_dtype: torch.dtype, gate_scal
 
 
 def called_bare(module: nn.Module) -> bool:
-    """Whether calling `module` would run its `forward` alone: no hook on it, none on every module."""
+    """Whether calling `module` would run its `forward` alone: no hook on it, none on every module. (Read
+    from its `__dict__`, names spelled out: it runs per layer and token.)"""
+    attributes = module.__dict__
     return not (
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        or any(_GLOBAL_HOOKS)
+        attributes["_forward_hooks"]
+        or attributes["_forward_pre_hooks"]
+        or attributes["_backward_hooks"]
+        or attributes["_backward_pre_hooks"]
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
     )
-
-
-_GLOBAL_HOOKS = (  # torch's dicts of the hooks registered on every module
-    torch.nn.modules.module._global_forward_hooks,
-    torch.nn.modules.module._global_forward_pre_hooks,
-    torch.nn.modules.module._global_backward_hooks,
-    torch.nn.modules.module._global_backward_pre_hooks,
-)
 
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .config import GateConfig
 from .families import (
@@ -236,10 +237,11 @@ class _BlockPatch:
         """The stashed gate inputs of this forward (`GateVariant.inputs`); or the gate `logits`, when the
         query projection computed them in its own GEMM (backend `fused_gate`)."""
         stash = self.stash
-        logits = stash.pop("logits", None)
-        if logits is not None:
-            stash.pop("x", None)
-            return {"logits": logits}
+        if self.query_stashes_logits:
+            logits = stash.pop("logits", None)
+            if logits is not None:
+                stash.pop("x", None)
+                return {"logits": logits}
         inputs = {}
         try:
             for name in self.input_names:  # a loop, not a comprehension: no frame of its own on Python 3.11
@@ -279,9 +281,10 @@ class _BlockPatch:
         return gate, keep
 
     def _before_output(self, module, args):
-        if self.stash.pop("fused", False):  # the attention function already applied the gate
+        if self.gate_in_attention and self.stash.pop("fused", False):  # the attention function applied it
             return None
-        return (self._apply(args[0], self._take_inputs()), *args[1:])
+        gated = self._apply(args[0], self._take_inputs())
+        return (gated,) if len(args) == 1 else (gated, *args[1:])
 
 
 class InlineForward:
@@ -295,13 +298,18 @@ class InlineForward:
 
     def __init__(self, module: nn.Module, before, after):
         self.module, self.before, self.after = module, before, after
+        self.linear = type(module) is nn.Linear
         module.forward = self
 
     def __call__(self, *args, **kwargs):
         module = self.module
         if self.before is not None:
             args = self.before(module, args) or args
-        output = type(module).forward(module, *args, **kwargs)
+        if self.linear and not kwargs:  # `nn.Linear.forward` without its two `nn.Module.__getattr__`s
+            weights = module._parameters
+            output = F.linear(*args, weights["weight"], weights["bias"])
+        else:
+            output = type(module).forward(module, *args, **kwargs)
         if self.after is not None:
             replaced = self.after(module, args, output)
             return output if replaced is None else replaced

@@ -37,8 +37,7 @@ def linear_shapes(gate, hidden_size: int) -> tuple[tuple[int, ...], tuple[int, .
 
 def linear_logits(gate, weight, bias, x, q, k) -> torch.Tensor:
     """`X W^T + b` for `x: (..., hidden)` -> `(..., G, w)`."""
-    z = nn.functional.linear(x, weight, bias)  # (..., G*w)
-    return z.view(*z.shape[:-1], gate.num_gated_heads, gate.width)
+    return nn.functional.linear(x, weight, bias).unflatten(-1, (gate.num_gated_heads, gate.width))
 
 
 def query_key_shapes(gate, hidden_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -32,3 +32,18 @@ def test_inline_gates_are_the_packages_gate(case):
     assert not any("forward" in module.__dict__ for module in model.modules())
     with torch.no_grad():
         assert not torch.allclose(model(input_ids=inputs).logits, expected)  # the gate is gone again
+
+
+def test_sigmoid_and_multiply_only_gates_and_goes():
+    """The floor case multiplies each head's output by a sigmoid of fixed logits; it leaves nothing behind."""
+    model = tiny_model("llama", num_attention_heads=4, num_key_value_heads=2).eval()
+    inputs = torch.randint(model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(input_ids=inputs).logits
+        cases = gate_cost.Cases(model, "torch", GateConfig(init="paper"))
+        handles = cases.install("sigmoid and multiply only")
+        gated = model(input_ids=inputs).logits
+        cases.remove("sigmoid and multiply only", handles)
+        assert not torch.allclose(gated, expected)
+        torch.testing.assert_close(model(input_ids=inputs).logits, expected, rtol=0, atol=0)
+    assert not any("forward" in module.__dict__ for module in model.modules())

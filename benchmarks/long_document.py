@@ -20,6 +20,14 @@ summary per phase at the longest length says where the time goes (self CPU time 
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_document.py --out benchmarks/results/long_document
 
+With `--trained results/reproduce` the cases are instead the reproduction's trained runs whose weights are
+in `<run>/model` (not in git: `hf-gate-attention recipe summarization recreate results/reproduce [RUN ...]`
+retrains them, checked against the saved loss curves), each loaded as the recipe loads it for its own speed
+rows; the first ungated run is the reference and the first dense gated run the "dense" one:
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_document.py --trained results/reproduce \
+        --out benchmarks/results/long_document_trained
+
 Run it on an otherwise idle machine (about 25 min on 2 cores at the default lengths).
 """
 
@@ -30,6 +38,7 @@ import datetime
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 import torch
 import transformers
@@ -47,7 +56,10 @@ from overhead import load_model
 
 from hf_gate_attention.claims import SPEEDUP_CLAIM as CLAIM
 from hf_gate_attention.claims import speed_verdict
+from hf_gate_attention.files import read_json
 from hf_gate_attention.offline import resolve_model
+from hf_gate_attention.recipes.summarization import RecipeConfig
+from hf_gate_attention.recipes.summarization.models import load_trained_model
 
 DENSE = "output/headwise"
 CASES = [
@@ -60,43 +72,88 @@ CASES = [
 ]
 
 
+class PatchedCases(Bench):
+    """`CASES` on one model, patched for each with untrained gates (`decode.Bench`)."""
+
+    cases, baseline, dense = CASES, BASELINE, DENSE
+
+
+class TrainedRuns:
+    """The runs of a summarization results folder whose weights are in `<run>/model`, one model each, with
+    what `measure_length` asks of `PatchedCases`: `cases`, `baseline`, `dense`, `tokens`, `set_case` and
+    `model`. `names`: only these runs."""
+
+    def __init__(self, results: str | Path, names: list[str] | None = None, seed: int = 0):
+        results = Path(results)
+        saved = read_json(results / "config.json")
+        if saved is None:
+            raise SystemExit(f"--trained {results}: no config.json, not a results folder of the recipe")
+        config = RecipeConfig.from_dict({**saved, "output_dir": str(results.parent), "name": results.name})
+        runs = [
+            run
+            for run in config.runs
+            if (results / run.name / "model").is_dir() and (names is None or run.name in names)
+        ]
+        ungated = [run.name for run in runs if run.is_baseline]
+        dense = [run.name for run in runs if not run.is_baseline and run.gate.top_k is None]
+        if not ungated:
+            raise SystemExit(
+                f"--trained {results}: no ungated run with weights in <run>/model among "
+                f"{', '.join(run.name for run in runs) or 'none'}; recreate them with `hf-gate-attention "
+                f"recipe summarization recreate {results} RUN ...`"
+            )
+        model_path = resolve_model(config.model)
+        self.models = {run.name: load_trained_model(config, run, model_path) for run in runs}
+        self.cases = list(self.models)
+        self.baseline, self.dense = ungated[0], (dense or ungated)[0]
+        self.model = self.models[self.baseline]
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def tokens(self, length: int) -> torch.Tensor:
+        return torch.randint(self.model.config.vocab_size, (1, length), generator=self.generator)
+
+    def set_case(self, case: str) -> None:
+        self.model = self.models[case]
+
+
 @torch.no_grad()
-def summary(bench: Bench, document: torch.Tensor, new_tokens: int) -> tuple[float, float]:
-    """(prefill seconds, decode seconds) of one summary of `document (1, L)`."""
-    bench.model.eval()
-    cache = transformers.DynamicCache(config=bench.model.config)
+def summary(model, document: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds) of one summary of `document (1, L)` by `model`."""
+    model.eval()
+    cache = transformers.DynamicCache(config=model.config)
     start = time.perf_counter()
-    logits = bench.model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    logits = model(input_ids=document, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
     prefill = time.perf_counter() - start
     token = logits[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(new_tokens):
-        token = bench.model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
     return prefill, time.perf_counter() - start
 
 
-def measure_length(bench: Bench, length: int, args) -> list[dict]:
+def measure_length(bench: PatchedCases | TrainedRuns, length: int, args) -> list[dict]:
     document = bench.tokens(length)
-    times = {case: [] for case in CASES}
+    cases, baseline, dense = bench.cases, bench.baseline, bench.dense
+    times = {case: [] for case in cases}
     for index in range(args.rounds + 1):  # round 0: warm-up, untimed
-        shift = index % len(CASES)
-        for case in CASES[shift:] + CASES[:shift]:
+        shift = index % len(cases)
+        for case in cases[shift:] + cases[:shift]:
             bench.set_case(case)
-            prefill, decode = summary(bench, document, args.new_tokens)
+            prefill, decode = summary(bench.model, document, args.new_tokens)
             if index:
                 times[case].append((prefill, decode))
         if index:
-            done = ", ".join(f"{case} {sum(times[case][-1]):.2f} s" for case in CASES)
+            done = ", ".join(f"{case} {sum(times[case][-1]):.2f} s" for case in cases)
             print(f"{length} tokens, round {index}/{args.rounds}: {done}", flush=True)
-    bench.set_case(BASELINE)
+    bench.set_case(baseline)
     rows = []
-    for case in CASES:
+    for case in cases:
         total = [sum(pair) for pair in times[case]]
-        speedups = [1 / ratio for ratio in ratios(total, [sum(pair) for pair in times[BASELINE]])]
+        speedups = [1 / ratio for ratio in ratios(total, [sum(pair) for pair in times[baseline]])]
         speedup, low, high = median_range(speedups)
-        versus_dense = median_range([1 / r for r in ratios(total, [sum(p) for p in times[DENSE]])])
+        versus_dense = median_range([1 / r for r in ratios(total, [sum(p) for p in times[dense]])])
         phase_ratio = {
-            phase: median_range(ratios([p[i] for p in times[case]], [p[i] for p in times[BASELINE]]))[0]
+            phase: median_range(ratios([p[i] for p in times[case]], [p[i] for p in times[baseline]]))[0]
             for i, phase in enumerate(("prefill", "decode"))
         }
         rows.append(
@@ -121,11 +178,13 @@ def measure_length(bench: Bench, length: int, args) -> list[dict]:
     return rows
 
 
-def profile_phases(bench: Bench, length: int, new_tokens: int, top: int = 6) -> list[dict]:
-    """Self CPU time of the top aten ops of one summary per phase, for the ungated, dense and sparse cases."""
+def profile_phases(
+    bench: PatchedCases | TrainedRuns, length: int, new_tokens: int, top: int = 6
+) -> list[dict]:
+    """Self CPU time of the top aten ops of one summary per phase, for the ungated, dense and last cases."""
     rows = []
     document = bench.tokens(length)
-    for case in (BASELINE, DENSE, CASES[-1]):
+    for case in dict.fromkeys((bench.baseline, bench.dense, bench.cases[-1])):
         bench.set_case(case)
         with torch.no_grad():
             cache = transformers.DynamicCache(config=bench.model.config)
@@ -141,7 +200,7 @@ def profile_phases(bench: Bench, length: int, new_tokens: int, top: int = 6) -> 
                 total = sum(spent.values())
                 for name, micros in spent.most_common(top):
                     rows.append({"case": case, "phase": phase, "op": name, "share": micros / total})
-    bench.set_case(BASELINE)
+    bench.set_case(bench.baseline)
     return rows
 
 
@@ -151,14 +210,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=48, help="decoded tokens per summary")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per length, after a warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--trained", help="a results folder of the recipe: its trained runs are the cases")
+    parser.add_argument("--runs", nargs="+", help="with --trained: only these runs")
     parser.add_argument("--out", default="benchmarks/results/long_document", help="writes <out>.csv/.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    bench = Bench(load_model(resolve_model("SmolLM2-135M-Instruct")))
+    if args.trained:
+        bench = TrainedRuns(args.trained, args.runs)
+        what = f"the trained runs of {args.trained} (their gates as trained)"
+    else:
+        bench = PatchedCases(load_model(resolve_model("SmolLM2-135M-Instruct")))
+        what = "SmolLM2-135M-Instruct float32, untrained gates"
     rows = [row for length in args.lengths for row in measure_length(bench, length, args)]
     profile = profile_phases(bench, max(args.lengths), args.new_tokens)
     header = (
-        f"`{command_line()}` on {datetime.date.today()}: SmolLM2-135M-Instruct float32, backend 'torch', "
+        f"`{command_line()}` on {datetime.date.today()}: {what}, backend 'torch', "
         f"batch 1, one summary = prefill of the document + {args.new_tokens} decoded tokens; {args.rounds} "
         f"interleaved rounds after a warm-up round; {cpu_model()}, {args.threads} threads; torch "
         f"{torch.__version__}, transformers {transformers.__version__}. Speed-up: ungated seconds per "
@@ -166,7 +232,7 @@ def main() -> None:
         "results/REPRODUCTION.md's rule (every round at least x1.18: reproduced; none: not reproduced)."
     )
     columns = ["document tokens", "case", "prefill s", "decode s", "s / summary", "prefill ratio"]
-    columns += ["decode ratio", "speed-up [rounds]", "vs dense headwise [rounds]", "+18 % claim"]
+    columns += ["decode ratio", "speed-up [rounds]", f"vs {bench.dense} [rounds]", "+18 % claim"]
     cells = [
         [
             f"{r['length']:,}",
@@ -179,7 +245,7 @@ def main() -> None:
             f"x{r['speedup']:.3f} [{r['speedup_low']:.3f}, {r['speedup_high']:.3f}]",
             f"x{r['speedup_vs_dense']:.3f} "
             f"[{r['speedup_vs_dense_low']:.3f}, {r['speedup_vs_dense_high']:.3f}]",
-            "" if r["case"] == BASELINE else r["verdict"],
+            "" if r["case"] == bench.baseline else r["verdict"],
         ]
         for r in rows
     ]

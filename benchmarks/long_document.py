@@ -109,8 +109,7 @@ class TrainedRuns:
         self.model = self.models[self.baseline]
         self.generator = torch.Generator().manual_seed(seed)
 
-    def tokens(self, length: int) -> torch.Tensor:
-        return torch.randint(self.model.config.vocab_size, (1, length), generator=self.generator)
+    tokens = Bench.tokens  # random ids of the current model's vocabulary, from `self.generator`
 
     def set_case(self, case: str) -> None:
         self.model = self.models[case]

@@ -283,8 +283,7 @@ class _BlockPatch:
     def _before_output(self, module, args):
         if self.gate_in_attention and self.stash.pop("fused", False):  # the attention function applied it
             return None
-        gated = self._apply(args[0], self._take_inputs())
-        return (gated,) if len(args) == 1 else (gated, *args[1:])
+        return (self._apply(args[0], self._take_inputs()), *args[1:])
 
 
 class InlineForward:

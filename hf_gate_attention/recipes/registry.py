@@ -64,6 +64,11 @@ RECIPES = {
                     "retrain the runs whose final weights are missing (checked against the saved loss curve)",
                 ),
                 Action(
+                    "lengths",
+                    "summarization.lengths:main",
+                    "ROUGE-L of the trained runs on the test documents cut to longer lengths (lengths.md)",
+                ),
+                Action(
                     "tables",
                     "summarization.cli:tables",
                     "rewrite comparison.md/.csv from a results folder's comparison.json (no retraining)",

@@ -205,5 +205,10 @@ def called_bare(module: nn.Module) -> bool:
 
 def apply_gate(values: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """Multiply `values: (..., G*D)` (head-major) by `gate: (..., G, w)`, `w` in {1, D}; keeps the dtype."""
-    heads = values.unflatten(-1, (gate.shape[-2], -1))  # (..., G, D)
-    return (heads * (gate if gate.dtype == values.dtype else gate.to(values.dtype))).flatten(-2)
+    return gate_heads(values.unflatten(-1, (gate.shape[-2], -1)), gate).flatten(-2)  # via (..., G, D)
+
+
+def gate_heads(heads: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """`apply_gate` of values already split into heads: `heads: (..., G, D)` times `gate: (..., G, w)`, in
+    the dtype of `heads` (what attention functions that apply the gate return, `(B, L, H, D)`)."""
+    return heads * (gate if gate.dtype == heads.dtype else gate.to(heads.dtype))

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .gate import apply_gate
+from .gate import gate_heads
 from .hooks import GATE_MODULE_NAME, block_patch_of
 from .streaming import allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
 from .variants import GATE_VARIANTS, names_where
@@ -360,8 +360,7 @@ def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | Non
     -> `((B, L, H, D), None)`, the attention function's return."""
     if reads is not None:
         attended = torch.where(keep.unsqueeze(-1) > 0, attended, reads)
-    num_heads = attended.shape[-2]
-    return apply_gate(attended.flatten(-2), gate).unflatten(-1, (num_heads, -1)), None
+    return gate_heads(attended, gate), None
 
 
 def _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout):
@@ -402,7 +401,7 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, selection,
         out = torch.where(keep.reshape(-1, 1) == 0, window_out, out)  # (H, D): dropped heads read the window
         kept_heads = [True] * num_heads  # every head has an output: the output projection needs them all
     block_patch.stash["kept_heads"] = kept_heads
-    return apply_gate(out.view(1, 1, -1), gate).unflatten(-1, (num_heads, -1)), None
+    return gate_heads(out.view(1, 1, num_heads, -1), gate), None
 
 
 def _runs(kept: list[bool], width: int) -> list[slice]:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .gate import apply_gate
+from .gate import gate_heads
 from .hooks import block_patch_of
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_streaming"
@@ -191,4 +191,4 @@ def streaming_attention_forward(
     streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
     dropped, _ = sdpa_attention_forward(module, query, key, value, streaming, is_causal=False, **attend)
     attended = torch.where(keep.unsqueeze(-1) > 0, full, dropped)  # (B, L, H, D)
-    return apply_gate(attended.flatten(-2), gate).unflatten(-1, (query.shape[1], -1)), None
+    return gate_heads(attended, gate), None

@@ -195,11 +195,13 @@ def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch, length)
     _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, length - 3, length - 2])
 
 
+@pytest.mark.parametrize("reads", [STREAMING, {"top_k_sink": 2, "top_k_window": 40}], ids=["window", "all"])
 @pytest.mark.parametrize("skip_keys", [0, 10**9], ids=["skipping", "one-masked-call"])
-def test_single_sequence_decode_with_sink_and_window_skips_only_where_it_pays(monkeypatch, skip_keys):
+def test_single_sequence_decode_with_sink_and_window_skips_only_where_it_pays(monkeypatch, skip_keys, reads):
     """`sparse=None`: a single sequence's decode step skips the keys its dropped groups do not read where
     that skips at least `SKIP_DECODE_KEYS` keys, else runs one SDPA call with each dropped head masked to its
-    sink and window keys; either way the masked reference's tokens and scores."""
+    sink and window keys (all the keys, when these cover the cache); either way the masked reference's
+    tokens and scores."""
     monkeypatch.setattr(sparse, "SKIP_DECODE_KEYS", skip_keys)
     skipping_steps = []
     decode_one_token = sparse._decode_one_token
@@ -207,7 +209,7 @@ def test_single_sequence_decode_with_sink_and_window_skips_only_where_it_pays(mo
         sparse, "_decode_one_token", lambda *args: skipping_steps.append(1) or decode_one_token(*args)
     )
     model = tiny_model("llama", attn_implementation="sdpa", **GQA)
-    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group", **STREAMING)
+    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group", **reads)
     inputs = tiny_inputs("llama", batch=1, length=9)
     expected_tokens, expected_scores = _generate(model, config, inputs, False, "dynamic")
     tokens, scores = _generate(model, config, inputs, None, "dynamic")

@@ -9,9 +9,9 @@ per step and the added time per layer (median over rounds), with the range of th
 each gate adds per layer to one step (calls from Python into the dispatcher: on a GPU, each one is host work,
 and each that computes a kernel launch; a count, not a timing, so it does not depend on the machine), and the
 Python function calls it adds (also a count). Backend `torch, hooks`: the torch backend's gates run from hooks
-as before its hook-free path (`core/hooks.py: use_hooks`). It writes the same as CSV. `--dtype bfloat16` as
-on the GPU (its casts are real ops there; on this CPU its arithmetic is slow, so the times then mix in
-compute).
+as before its hook-free path (`core/hooks.py: use_hooks`). `--sparse` adds sparse top-k (`SPARSE_CASES`). It
+writes the same as CSV. `--dtype bfloat16` as on the GPU (its casts are real ops there; on this CPU its
+arithmetic is slow, so the times then mix in compute).
 
     HF_HUB_OFFLINE=1 TRITON_INTERPRET=1 .venv/bin/python benchmarks/host_overhead.py --out /tmp/host.csv
 
@@ -46,6 +46,17 @@ from hf_gate_attention.core.hooks import use_hooks
 
 LAYERS = 16
 HOOKS = ", hooks"  # a backend's name + this: its gates run from hooks (`core/hooks.py: use_hooks`)
+# `--sparse`: sparse top-k on backend `torch` (one of the 2 key/value groups kept per token), its dropped
+# group reading nothing or its sink and window keys (the 33rd key on is outside them)
+SPARSE_CASES = {
+    "torch, top-1 of 2 groups": {"top_k": 1, "top_k_unit": "kv_group"},
+    "torch, top-1 of 2 groups, sink 2 + window 8": {
+        "top_k": 1,
+        "top_k_unit": "kv_group",
+        "top_k_sink": 2,
+        "top_k_window": 8,
+    },
+}
 
 
 def step_seconds(model, steps: int) -> float:
@@ -98,6 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--init", choices=["paper", "identity"], default="paper", help="gate scale 1 or 2")
+    parser.add_argument("--sparse", action="store_true", help="also the cases of SPARSE_CASES")
     parser.add_argument("--out", default="host_overhead.csv", help="writes this CSV and the same name .md")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -112,11 +124,12 @@ def main() -> None:
         head_dim=16,
     )
     model = transformers.LlamaForCausalLM(config).eval().to(getattr(torch, args.dtype))
-    cases = ["ungated", *args.backends]
+    cases = ["ungated", *args.backends, *(SPARSE_CASES if args.sparse else ())]
 
     def measure(case, measurement, *options):
         if case != "ungated":
-            patch(model, GateConfig(init=args.init), backend=case.removesuffix(HOOKS))
+            gate = GateConfig(init=args.init, **SPARSE_CASES.get(case, {}))
+            patch(model, gate, backend=case.split(",")[0])
             if case.endswith(HOOKS):
                 use_hooks(model)
         result = measurement(model, *options)

@@ -13,12 +13,12 @@ Phases (batch 1, `--dtype` (float32 by default), gates `init="paper"` so that no
 Cases: the ungated baseline, dense gates (output/headwise, output/elementwise, qk/headwise, qk/elementwise)
 and sparse top-k over key/value groups (SmolLM2 has 3; `top_k_unit="kv_group"`, keeping all 3, 2 or 1: keeping
 all 3 runs the sparse path with nothing to skip). One model instance is patched and unpatched between
-measurements. Decode: the context is prefilled once per cache and context length by the ungated model and
-every case decodes from that same cache, cropped back after each measurement (timing does not depend on the
-cached values; each case computes its own gates and selection from its own inputs). Each round times every
-case once, in an order rotated from round to round to cancel drift, after an untimed warm-up round; a case's
-ratio is the median over rounds of (case time / baseline time of the same round), reported with the range of
-the rounds.
+measurements (`--patch-once`: a copy per case, patched once, for prefill and decode). Decode: the context is
+prefilled once per cache and context length by the ungated model and every case decodes from that same cache,
+cropped back after each measurement (timing does not depend on the cached values; each case computes its own
+gates and selection from its own inputs). Each round times every case once, in an order rotated from round to
+round to cancel drift, after an untimed warm-up round; a case's ratio is the median over rounds of (case time
+/ baseline time of the same round), reported with the range of the rounds.
 
 Run it on an otherwise idle machine. Example:
 
@@ -29,6 +29,7 @@ Run it on an otherwise idle machine. Example:
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import statistics
 import time
@@ -153,6 +154,24 @@ class Bench:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
+
+
+class PatchedOnce(Bench):
+    """`--patch-once`: a copy of the model per case, patched once before the rounds, instead of the one model
+    patched again (new gate weights) before every measurement; prefill and decode only (no optimizer)."""
+
+    def __init__(self, model, backend: str = "torch", seed: int = 0):
+        self.base, self.model, self.backend = model, model, backend
+        self.generator = torch.Generator().manual_seed(seed)
+        self.copies = {BASELINE: model}
+
+    def set_case(self, case: str) -> None:
+        sparse_module.SKIP_DECODE_KEYS = SKIP_KEYS.get(case, DEFAULT_SKIP_DECODE_KEYS)
+        if case not in self.copies:
+            torch.manual_seed(0)
+            gate = GateConfig(init="paper", **CASES[case])
+            self.copies[case] = patch(copy.deepcopy(self.base), gate, backend=self.backend)
+        self.model = self.copies[case]
 
 
 def rows_of(phase: str, size: int, times: dict[str, list[float]], work: int) -> list[dict]:
@@ -283,14 +302,19 @@ def main() -> None:
     parser.add_argument(
         "--backend", default="torch", help="what runs the gates (as in patch; auto: its choice)"
     )
+    parser.add_argument(
+        "--patch-once", action="store_true", help="a patched copy per case (prefill and decode phases only)"
+    )
     parser.add_argument("--out", default="benchmarks/results/decode", help="writes <out>.csv/.md/.png")
     args = parser.parse_args()
+    if args.patch_once and "train" in args.phases:
+        parser.error("--patch-once times prefill and decode only: pass --phases prefill and/or decode")
     if BASELINE not in args.cases:
         args.cases = [BASELINE, *args.cases]
 
     torch.set_num_threads(args.threads)
     model = load_model(resolve_model(args.model)).to(getattr(torch, args.dtype))
-    rows = measure(Bench(model, args.backend), args)
+    rows = measure((PatchedOnce if args.patch_once else Bench)(model, args.backend), args)
     cpu = f"{cpu_model()}, {args.threads} threads"
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     command = command_line()

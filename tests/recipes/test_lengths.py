@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from hf_gate_attention.files import read_json
 from hf_gate_attention.recipes.common.summaries import pipeline
-from hf_gate_attention.recipes.summarization import lengths
+from hf_gate_attention.recipes.summarization import lengths, reproduction
 from hf_gate_attention.recipes.summarization.lengths import LENGTHS_FOLDER, evaluate_lengths, length_rows
 
 
 @pytest.fixture
 def results(recipe_results, tmp_path):
-    """A copy of the session's real results folder (tiny Llama, 256 positions, trained on 48-token prompts)."""
+    """A copy of the session's real results folder (tiny Llama, 256 positions, trained on 48-token
+    prompts)."""
     return shutil.copytree(recipe_results, tmp_path / recipe_results.name)
 
 
@@ -26,7 +29,7 @@ def test_each_length_evaluates_every_run_against_the_baseline_at_that_length(res
         quality = read_json(results / LENGTHS_FOLDER / "96" / name / "quality.json")
         assert quality["num_examples"] == read_json(results / name / "quality.json")["num_examples"]
     rows = length_rows(results)
-    assert [(row["length"], row["run"]) for row in rows] == [(48, n) for n in names] + [(96, n) for n in names]
+    assert [(row["length"], row["run"]) for row in rows] == [(n, name) for n in (48, 96) for name in names]
     tokens = read_json(results / LENGTHS_FOLDER / "prompt_tokens.json")
     assert 0 < tokens["48"] <= 48 and tokens["48"] <= tokens["96"] <= 96
     for row in rows:  # the baseline has no delta; a gated run's is against the baseline of its length
@@ -70,3 +73,21 @@ def test_runs_without_weights_name_the_recreate_command(results, capsys):
     assert lengths.main([str(results), "--tokens", "64"]) == 2
     error = capsys.readouterr().err
     assert f"recipe summarization recreate {results} {gated}" in error
+
+
+def test_the_committed_lengths_report_is_what_its_command_writes(monkeypatch):
+    monkeypatch.chdir(REPO)
+    results = Path("results/reproduce")
+    assert (results / "lengths.md").read_text(encoding="utf-8") == lengths.lengths_report(results)
+
+
+def test_reproduction_report_judges_quality_per_length_where_lengths_were_evaluated(results):
+    assert reproduction._quality_at_lengths(results) == ([], "")
+    evaluate_lengths(results, [64])
+    lines, holds = reproduction._quality_at_lengths(results)
+    verdicts = [row["verdict"] for row in length_rows(results)]
+    assert "## Quality at long-document lengths" in lines and lines[-1] == f"The {holds}."
+    assert holds.endswith("no run, at no length") == ("reproduced" not in verdicts)
+    assert lengths.lengths_table(length_rows(results)) in lines
+    report = reproduction.reproduction_report(results, "test")
+    assert f"section *Quality at long-document lengths*): the {holds}." in report

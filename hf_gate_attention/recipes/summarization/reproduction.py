@@ -15,10 +15,15 @@ from ...formatting import gate_label
 from ..common.reports import report_main
 from ..common.speed import NOISY_NOTE, ratio_cell, ratio_summary, round_ratios
 from ..common.summaries.report import SPEED_COLUMNS, markdown_table, rouge_deltas
+from .lengths import LENGTHS_FOLDER, LENGTHS_REPORT, length_rows, lengths_table
 
 # `benchmarks/long_document.py`'s results, relative to the project's root (the report leaves the section out
 # where the file is missing)
-LONG_DOCUMENT_CSV = "benchmarks/results/long_document.csv"
+LONG_DOCUMENT_CSV = "benchmarks/results/long_document_trained.csv"
+LONG_DOCUMENT_COMMAND = (
+    "python benchmarks/long_document.py --trained results/reproduce --out "
+    "benchmarks/results/long_document_trained"
+)
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
     "    -m hf_gate_attention recipe summarization --config recipes/summarization/configs/gpu.yaml"
@@ -134,20 +139,21 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
 
 
 def _long_documents(path: Path) -> tuple[list[str], str]:
-    """The speed claim judged per document length, from `benchmarks/long_document.py`'s CSV (its rows per
-    length and case; the profile rows have no speed-up): the lines of a section and the sentence saying where
-    the claim holds; `([], "")` where `path` is missing."""
+    """The speed claim judged per document length, from `benchmarks/long_document.py --trained`'s CSV (its
+    rows per length and case, the reference case first; the profile rows have no speed-up): the lines of a
+    section and the sentence saying where the claim holds; `([], "")` where `path` is missing."""
     if not path.is_file():
         return [], ""
     with path.open(newline="", encoding="utf-8") as file:
         rows = [row for row in csv.DictReader(file) if row.get("speedup")]
+    reference = rows[0]["case"] if rows else None
     cells, reproduced_at = [], []
     for row in rows:
         ranges = {
             name: (float(row[name]), float(row[f"{name}_low"]), float(row[f"{name}_high"]))
             for name in ("speedup", "speedup_vs_dense")
         }
-        verdict = "" if row["case"] == "ungated" else speed_verdict(list(ranges["speedup"][1:]))
+        verdict = "" if row["case"] == reference else speed_verdict(list(ranges["speedup"][1:]))
         if verdict == "reproduced":
             reproduced_at.append(f"{row['case']} at {int(row['length']):,} tokens")
         cells.append(
@@ -161,16 +167,43 @@ def _long_documents(path: Path) -> tuple[list[str], str]:
         "",
         "## Speed at long-document lengths",
         "",
-        f"From `{path}` (`python benchmarks/long_document.py --out {path.with_suffix('')}`, whose header "
-        "gives the setup): the base model of the runs with untrained gates of each run's shape (they keep "
-        "as many groups per token, at random), random token ids, one summary = the prefill of "
-        "the document and its decoded tokens. Time ratios: case / ungated, prefill and decode apart (below 1 "
-        "is faster); speed-ups per summary and the verdict by the rule above, per length.",
+        f"From `{path}` (`{LONG_DOCUMENT_COMMAND}`, whose header gives the setup): the runs' trained models "
+        f"that have their weights, on random token ids; `{reference}` is the reference. One summary = the "
+        "prefill of the document and its decoded tokens. Time ratios: case / reference, prefill and decode "
+        "apart (below 1 is faster); speed-ups per summary and the verdict by the rule above, per length.",
         "",
         "| document tokens | case | prefill time ratio | decode time ratio | speed-up per summary [rounds] "
-        "| vs dense headwise [rounds] | +18 % claim |",
+        "| vs the dense gate [rounds] | +18 % claim |",
         "|---:|---|---:|---:|---|---|---|",
         *cells,
+        "",
+        f"The {holds}.",
+    ]
+    return section, holds
+
+
+def _quality_at_lengths(results: Path) -> tuple[list[str], str]:
+    """The ROUGE-L claim judged per prompt length, from `recipe summarization lengths` (`lengths.md`'s
+    table): the lines of a section and the sentence saying where the claim holds; `([], "")` where no
+    longer length was evaluated."""
+    if not (results / LENGTHS_FOLDER).is_dir():
+        return [], ""
+    rows = length_rows(results)
+    reproduced = [
+        f"{row['run']} at {row['length']:,} tokens" for row in rows if row["verdict"] == "reproduced"
+    ]
+    holds = f"+{ROUGE_L_CLAIM_PERCENT} % ROUGE-L claim holds for: " + (
+        ", ".join(reproduced) or "no run, at no length"
+    )
+    section = [
+        "",
+        "## Quality at long-document lengths",
+        "",
+        f"From `{results / LENGTHS_REPORT}` (`hf-gate-attention recipe summarization lengths {results} "
+        "--tokens ...`): the trained runs' summaries of the same test papers, cut to each length. ROUGE-L "
+        "with its CI, deltas against the baseline at the same length, verdicts by the rule above.",
+        "",
+        lengths_table(rows),
         "",
         f"The {holds}.",
     ]
@@ -209,6 +242,7 @@ def reproduction_report(
         )
     level = f"{100 * config['confidence']:g} %"
     long_lines, holds = _long_documents(Path(long_document))
+    quality_lines, quality_holds = _quality_at_lengths(results)
     lines = [
         "# Reproduction of the source article's claims",
         "",
@@ -225,10 +259,18 @@ def reproduction_report(
         f"- Inference speed +{100 * (SPEEDUP_CLAIM - 1):.0f} %: **{_overall(speed_verdicts)}**.",
         *(
             [
-                "- At long-document lengths (untrained gates of the runs' shapes; section *Speed at "
-                f"long-document lengths*): the {holds}."
+                "- At long-document lengths (the trained runs timed on documents of 1k to 8k tokens; "
+                f"section *Speed at long-document lengths*): the {holds}."
             ]
             if long_lines
+            else []
+        ),
+        *(
+            [
+                "- At longer prompts (the trained runs' test summaries with the papers cut to each length; "
+                f"section *Quality at long-document lengths*): the {quality_holds}."
+            ]
+            if quality_lines
             else []
         ),
         "",
@@ -256,6 +298,7 @@ def reproduction_report(
         "",
         "Plots: `loss_curves.png`, `rouge.png`, `speed.png` in the results folder.",
         *long_lines,
+        *quality_lines,
         "",
         "## Reading these numbers",
         "",
@@ -277,7 +320,8 @@ def reproduction_report(
         "(`benchmarks/results/decode_sink_window.md` at 1k to 8k tokens, "
         "`benchmarks/results/sparse_prefill_train.md`). From 2,048 tokens a prefill without gradients "
         "skips the rows that drop a group (`benchmarks/results/sparse_prefill.md`); the speed per document "
-        "length: `benchmarks/results/long_document.md`.",
+        "length: `benchmarks/results/long_document_trained.md` (trained runs) and "
+        "`benchmarks/results/long_document.md` (untrained gates of every run's shape).",
         "- A GPU-scale run would use `recipes/summarization/configs/gpu.yaml`: SmolLM2-1.7B-Instruct, "
         "GovReport (`ccdv/govreport-summarization`), 7,160-token prompts (head+tail), up to 1,024 summary "
         "tokens, bf16, one epoch, the full 973-report test split, the four dense runs:",

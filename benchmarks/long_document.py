@@ -56,9 +56,8 @@ from overhead import load_model
 
 from hf_gate_attention.claims import SPEEDUP_CLAIM as CLAIM
 from hf_gate_attention.claims import speed_verdict
-from hf_gate_attention.files import read_json
 from hf_gate_attention.offline import resolve_model
-from hf_gate_attention.recipes.summarization import RecipeConfig
+from hf_gate_attention.recipes.summarization.lengths import saved_config
 from hf_gate_attention.recipes.summarization.models import load_trained_model
 
 DENSE = "output/headwise"
@@ -85,10 +84,10 @@ class TrainedRuns:
 
     def __init__(self, results: str | Path, names: list[str] | None = None, seed: int = 0):
         results = Path(results)
-        saved = read_json(results / "config.json")
-        if saved is None:
-            raise SystemExit(f"--trained {results}: no config.json, not a results folder of the recipe")
-        config = RecipeConfig.from_dict({**saved, "output_dir": str(results.parent), "name": results.name})
+        try:
+            config = saved_config(results)
+        except FileNotFoundError as err:
+            raise SystemExit(f"--trained: {err}") from None
         runs = [
             run
             for run in config.runs

@@ -30,8 +30,10 @@ def test_each_length_evaluates_every_run_against_the_baseline_at_that_length(res
         assert quality["num_examples"] == read_json(results / name / "quality.json")["num_examples"]
     rows = length_rows(results)
     assert [(row["length"], row["run"]) for row in rows] == [(n, name) for n in (48, 96) for name in names]
-    tokens = read_json(results / LENGTHS_FOLDER / "prompt_tokens.json")
+    setup = read_json(results / LENGTHS_FOLDER / "setup.json")
+    tokens = {length: setup[length]["mean_prompt_tokens"] for length in ("48", "96")}
     assert 0 < tokens["48"] <= 48 and tokens["48"] <= tokens["96"] <= 96
+    assert setup["48"]["batch_size"] == setup["96"]["batch_size"] == 3  # the recipe's generation_batch_size
     for row in rows:  # the baseline has no delta; a gated run's is against the baseline of its length
         assert (row["delta"] is None) == (row["run"] == names[0])
         if row["delta"] is not None:
@@ -47,6 +49,16 @@ def test_each_length_evaluates_every_run_against_the_baseline_at_that_length(res
     evaluate_lengths(results, [96])
 
 
+def test_every_run_of_a_length_takes_the_same_batch_size(results):
+    gated = read_json(results / "config.json")["runs"][1]["name"]
+    evaluate_lengths(results, [64], [gated], batch_size=1)
+    assert read_json(results / LENGTHS_FOLDER / "setup.json")["64"]["batch_size"] == 1
+    with pytest.raises(ValueError, match="pass --batch-size 1, or delete"):
+        evaluate_lengths(results, [64])  # the recipe's 3 at a time
+    evaluate_lengths(results, [64], batch_size=1)  # the same size resumes
+    assert [row["batch_size"] for row in length_rows(results) if row["length"] == 64] == [1] * 4
+
+
 def test_runs_selects_runs_and_keeps_the_baseline(results):
     gated = read_json(results / "config.json")["runs"][1]["name"]
     evaluate_lengths(results, [64], [gated])
@@ -54,17 +66,18 @@ def test_runs_selects_runs_and_keeps_the_baseline(results):
 
 
 @pytest.mark.parametrize(
-    ("tokens", "runs", "message"),
+    ("tokens", "runs", "batch", "message"),
     [
-        ([251], None, "accepted: up to 250"),  # 256 positions, 6 new tokens
-        ([0], None, "positive number of tokens"),
-        ([64], ["nope"], re.escape("runs ['nope'] are not in")),
+        ([251], None, None, "accepted: up to 250"),  # 256 positions, 6 new tokens
+        ([0], None, None, "positive number of tokens"),
+        ([64], None, 0, re.escape("--batch-size 0: summaries at a time is a positive number")),
+        ([64], ["nope"], None, re.escape("runs ['nope'] are not in")),
     ],
 )
-def test_bad_input_is_refused_before_anything_is_written(results, tokens, runs, message):
+def test_bad_input_is_refused_before_anything_is_written(results, tokens, runs, batch, message):
     with pytest.raises(ValueError, match=message):
-        evaluate_lengths(results, tokens, runs)
-    assert not (results / LENGTHS_FOLDER / str(tokens[0])).exists()
+        evaluate_lengths(results, tokens, runs, batch)
+    assert not (results / LENGTHS_FOLDER).exists()
 
 
 def test_runs_without_weights_name_the_recreate_command(results, capsys):

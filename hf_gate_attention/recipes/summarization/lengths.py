@@ -32,7 +32,8 @@ from .recreate import missing_weights
 
 LENGTHS_FOLDER = "lengths"
 LENGTHS_REPORT = "lengths.md"
-PROMPT_TOKENS_FILE = "prompt_tokens.json"  # length -> mean prompt tokens of the test papers cut to it
+# length -> {"mean_prompt_tokens": of the test papers cut to it, "batch_size": summaries generated at a time}
+SETUP_FILE = "setup.json"
 
 
 def saved_config(results: Path) -> RecipeConfig:
@@ -57,10 +58,14 @@ def _check_lengths(lengths: list[int], config: RecipeConfig, model_path: str) ->
             )
 
 
-def evaluate_lengths(results: str | Path, lengths: list[int], only: list[str] | None = None) -> Path:
+def evaluate_lengths(
+    results: str | Path, lengths: list[int], only: list[str] | None = None, batch_size: int | None = None
+) -> Path:
     """Summaries and ROUGE of the trained runs of `results` (of `only`, when given) with the test prompts cut
-    to each of `lengths` tokens, then `lengths.md`; returns its path. Every evaluated run needs its final
-    weights (`recreate` retrains missing ones), and the baseline is evaluated with them."""
+    to each of `lengths` tokens, `batch_size` summaries at a time (default: the recipe's
+    `generation_batch_size`; every run of a length takes the same), then `lengths.md`; returns its path.
+    Every evaluated run needs its final weights (`recreate` retrains missing ones), and the baseline is
+    evaluated with them."""
     results = Path(results)
     config = saved_config(results)
     names = [run.name for run in config.runs]
@@ -77,19 +82,43 @@ def evaluate_lengths(results: str | Path, lengths: list[int], only: list[str] | 
             f"runs {missing} have no final weights in {results}: first run "
             f"`hf-gate-attention recipe summarization recreate {results} {' '.join(missing)}`"
         )
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch-size {batch_size}: summaries at a time is a positive number")
+    batch_size = batch_size or config.generation_batch_size
+    setup = read_json(results / LENGTHS_FOLDER / SETUP_FILE) or {}
+    for length in lengths:
+        done = sorted(
+            path.parent.name for path in (results / LENGTHS_FOLDER / str(length)).glob("*/quality.json")
+        )
+        # (folders written before the batch size was recorded took the recipe's: the only one then)
+        earlier = setup.get(str(length), {}).get("batch_size", config.generation_batch_size)
+        if done and earlier != batch_size:
+            raise ValueError(
+                f"--tokens {length}: runs {done} were summarized {earlier} at a time, and every run of a "
+                f"length takes the same batch size: pass --batch-size {earlier}, or delete "
+                f"{results / LENGTHS_FOLDER / str(length)}"
+            )
     model_path = resolve_model(config.model)
     _check_lengths(lengths, config, model_path)
     tokenizer = load_tokenizer(model_path)
     test_set = load_data(config.replace(eval_steps=None))["test"]
     runs = {run.name: run for run in config.runs}
-    prompt_tokens = read_json(results / LENGTHS_FOLDER / PROMPT_TOKENS_FILE) or {}
-    for length in [config.doc_token_budget, *lengths]:
+    for length, batch in [
+        (config.doc_token_budget, config.generation_batch_size),
+        *((n, batch_size) for n in lengths),
+    ]:
         prompts = generation_prompts(test_set, tokenizer, config.replace(doc_token_budget=length))
-        prompt_tokens[str(length)] = sum(map(len, prompts)) / len(prompts)
-    atomic_write_json(results / LENGTHS_FOLDER / PROMPT_TOKENS_FILE, prompt_tokens)
+        setup[str(length)] = {
+            "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
+            "batch_size": batch,
+        }
+    atomic_write_json(results / LENGTHS_FOLDER / SETUP_FILE, setup)
     for length in lengths:
         at_length = config.replace(
-            doc_token_budget=length, output_dir=str(results / LENGTHS_FOLDER), name=str(length)
+            doc_token_budget=length,
+            generation_batch_size=batch_size,
+            output_dir=str(results / LENGTHS_FOLDER),
+            name=str(length),
         )
         evaluate_all(
             at_length,
@@ -106,8 +135,8 @@ def evaluate_lengths(results: str | Path, lengths: list[int], only: list[str] | 
 def length_rows(results: Path) -> list[dict]:
     """One row per evaluated length and run, the trained length (the results folder's own `quality.json`)
     first: `length`, `run`, `rouge_l` (`{mean, low, high}`), `delta` (ROUGE-L vs the baseline at that
-    length, `None` for the baseline or where it was not evaluated), `verdict`, `prompt_tokens` (mean, `None`
-    where not recorded), `examples`."""
+    length, `None` for the baseline or where it was not evaluated), `verdict`, `prompt_tokens` (mean) and
+    `batch_size` (`None` where not recorded), `examples`."""
     config = saved_config(results)
     lengths = sorted(
         int(folder.name) for folder in (results / LENGTHS_FOLDER).glob("*") if folder.name.isdigit()
@@ -117,7 +146,7 @@ def length_rows(results: Path) -> list[dict]:
         for length in lengths
         if length != config.doc_token_budget
     }
-    prompt_tokens = read_json(results / LENGTHS_FOLDER / PROMPT_TOKENS_FILE) or {}
+    setup = read_json(results / LENGTHS_FOLDER / SETUP_FILE) or {}
     rows = []
     for length, folder in folders.items():
         quality = {run.name: read_json(folder / run.name / QUALITY_FILE) for run in config.runs}
@@ -137,7 +166,8 @@ def length_rows(results: Path) -> list[dict]:
                     "rouge_l": found["rouge"]["rougeL"],
                     "delta": delta,
                     "verdict": "" if delta is None else rouge_verdict(delta, base["rouge"]["rougeL"]["mean"]),
-                    "prompt_tokens": prompt_tokens.get(str(length)),
+                    "prompt_tokens": setup.get(str(length), {}).get("mean_prompt_tokens"),
+                    "batch_size": setup.get(str(length), {}).get("batch_size"),
                     "examples": found["num_examples"],
                 }
             )
@@ -150,6 +180,7 @@ def lengths_table(rows: list[dict]) -> str:
         [
             f"{row['length']:,}",
             "-" if row["prompt_tokens"] is None else f"{row['prompt_tokens']:,.0f}",
+            "-" if row["batch_size"] is None else str(row["batch_size"]),
             row["run"],
             score_with_ci(row["rouge_l"]),
             "-"
@@ -160,7 +191,14 @@ def lengths_table(rows: list[dict]) -> str:
         ]
         for row in rows
     ]
-    header = ["prompt tokens (at most)", "mean prompt tokens", "run", "ROUGE-L [CI]", "vs baseline [CI]"]
+    header = [
+        "prompt tokens (at most)",
+        "mean prompt tokens",
+        "batch",
+        "run",
+        "ROUGE-L [CI]",
+        "vs baseline [CI]",
+    ]
     return table([*header, f"+{ROUGE_L_CLAIM_PERCENT} % claim"], cells)
 
 
@@ -177,7 +215,8 @@ def lengths_report(results: Path) -> str:
             f"were trained on prompts of at most {config.doc_token_budget} tokens; here the same "
             f"{'/'.join(map(str, examples))} test papers of `{config.dataset}` are cut "
             f"(`{config.truncation}`) to each length and summarized greedily "
-            f"({config.max_new_tokens} new tokens at most). ROUGE-L x100 with its "
+            f"({config.max_new_tokens} new tokens at most), `batch` summaries at a time (prompts left-padded "
+            "to the longest of the batch). ROUGE-L x100 with its "
             f"{100 * config.confidence:g} % bootstrap CI; deltas against the baseline at the same length, "
             "paired by paper; verdicts by the rule of REPRODUCTION.md.",
             "",
@@ -194,9 +233,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         "--tokens", type=int, nargs="+", required=True, metavar="N", help="prompt lengths, e.g. 2048 4096"
     )
     parser.add_argument("--runs", nargs="+", metavar="RUN", help="only these runs (and the baseline)")
+    parser.add_argument(
+        "--batch-size", type=int, metavar="N", help="summaries at a time (default: generation_batch_size)"
+    )
     args = parser.parse_args(argv)
     try:
-        report = evaluate_lengths(args.results, args.tokens, args.runs)
+        report = evaluate_lengths(args.results, args.tokens, args.runs, args.batch_size)
     except (ValueError, OSError) as err:
         print(f"lengths: error: {err}", file=sys.stderr)
         return 2

@@ -764,3 +764,22 @@ def test_the_architecture_tree_lists_every_module_and_nothing_else():
     assert missing_on_disk == []
     modules = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")}
     assert modules - set(listed) == set(), "modules the tree does not list"
+
+
+def test_the_sparse_host_costs_as_quoted():
+    """docs/sparse.md's per-layer costs of sparse top-k at decode: as host_overhead_sparse.md has them."""
+    columns = ("added aten ops per layer", "added Python calls per layer", "added us per layer [min, max]")
+    rows = table(BENCHMARKS / "host_overhead_sparse.md", *columns)
+
+    def costs(case: str) -> str:
+        ops, calls, micros = (first(rows[case][column]) for column in columns)
+        return f"{ops} ops, {calls} calls and {micros} us"
+
+    window, nothing = "torch, top-1 of 2 groups, sink 2 + window 8", "torch, top-1 of 2 groups"
+    dense_ops, dense_calls, dense_us = (first(rows["torch"][column]) for column in columns)
+    assert says(
+        REPO / "docs" / "sparse.md",
+        f"the dense gate {dense_ops} aten ops called from Python, {dense_calls} Python calls and {dense_us} "
+        f"us; top-1 of 2 groups with sink and window reads {costs(window)}",
+    )
+    assert says(REPO / "docs" / "sparse.md", f"top-1 reading nothing {costs(nothing)}")

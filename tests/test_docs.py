@@ -783,3 +783,26 @@ def test_the_sparse_host_costs_as_quoted():
         f"us; top-1 of 2 groups with sink and window reads {costs(window)}",
     )
     assert says(REPO / "docs" / "sparse.md", f"top-1 reading nothing {costs(nothing)}")
+
+
+def test_the_quality_per_length_as_quoted():
+    """docs/sparse.md's ROUGE-L deltas of the trained runs at 2k and 8k: as results/reproduce/lengths.md."""
+    lengths = read(RESULTS / "reproduce" / "lengths.md")
+    [rows] = [r for r in tables(lengths) if r and "vs baseline [CI]" in r[0]]
+    by = {(row["prompt tokens (at most)"], row["run"]): row for row in rows}
+    top1 = "output-headwise-top1-kvgroup-sink4-window64"
+    top2 = "output-headwise-top2-kvgroup-sink4-window64"
+
+    def delta(tokens: str, run: str) -> str:
+        return lead(by[tokens, run]["vs baseline [CI]"])
+
+    assert says(
+        REPO / "docs" / "sparse.md",
+        f"average {by['8,064', 'baseline']['mean prompt tokens']} tokens, the papers' whole length for most",
+    )
+    assert says(
+        REPO / "docs" / "sparse.md",
+        f"the dense headwise gate {delta('2,048', 'output-headwise')} at 2k and "
+        f"{delta('8,064', 'output-headwise')} at 8k; keeping 1 of 3 groups {delta('2,048', top1)} at 2k; "
+        f"keeping 2 of 3 {delta('2,048', top2)} at 2k",
+    )

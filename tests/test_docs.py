@@ -803,6 +803,6 @@ def test_the_quality_per_length_as_quoted():
     assert says(
         REPO / "docs" / "sparse.md",
         f"the dense headwise gate {delta('2,048', 'output-headwise')} at 2k and "
-        f"{delta('8,064', 'output-headwise')} at 8k; keeping 1 of 3 groups {delta('2,048', top1)} at 2k; "
-        f"keeping 2 of 3 {delta('2,048', top2)} at 2k",
+        f"{delta('8,064', 'output-headwise')} at 8k; keeping 1 of 3 groups {delta('2,048', top1)} at 2k and "
+        f"{delta('8,064', top1)} at 8k; keeping 2 of 3 {delta('2,048', top2)} at 2k",
     )

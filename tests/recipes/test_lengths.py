@@ -70,6 +70,7 @@ def test_runs_selects_runs_and_keeps_the_baseline(results):
     [
         ([251], None, None, "accepted: up to 250"),  # 256 positions, 6 new tokens
         ([0], None, None, "positive number of tokens"),
+        ([48], None, None, "the runs' own length"),
         ([64], None, 0, re.escape("--batch-size 0: summaries at a time is a positive number")),
         ([64], ["nope"], None, re.escape("runs ['nope'] are not in")),
     ],

@@ -51,6 +51,11 @@ def _check_lengths(lengths: list[int], config: RecipeConfig, model_path: str) ->
     for length in lengths:
         if length <= 0:
             raise ValueError(f"--tokens {length}: a prompt length is a positive number of tokens")
+        if length == config.doc_token_budget:
+            raise ValueError(
+                f"--tokens {length}: the runs' own length (doc_token_budget), evaluated with the recipe in "
+                "each <run>/quality.json; pass longer lengths"
+            )
         if positions is not None and length + config.max_new_tokens > positions:
             raise ValueError(
                 f"--tokens {length}: the prompt and its {config.max_new_tokens} new tokens exceed the "

@@ -28,6 +28,14 @@ rows; the first ungated run is the reference and the first dense gated run the "
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_document.py --trained results/reproduce \
         --out benchmarks/results/long_document_trained
 
+Random ids leave a trained gate nothing to read, and its choices (which groups a token keeps, so what sparse
+prefill skips) come from what it reads: with `--real-text` each length's document is instead the longest of
+the results folder's test papers, prompted as the recipe prompts it within that many tokens (the paper cut
+as in training; a length no paper fills gets the longest whole paper, and the rows say its tokens):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/long_document.py --trained results/reproduce --real-text \
+        --lengths 1024 2048 4096 8064 --out benchmarks/results/long_document_trained_text
+
 Run it on an otherwise idle machine (about 25 min on 2 cores at the default lengths).
 """
 
@@ -57,6 +65,9 @@ from overhead import load_model
 from hf_gate_attention.claims import SPEEDUP_CLAIM as CLAIM
 from hf_gate_attention.claims import speed_verdict
 from hf_gate_attention.offline import resolve_model
+from hf_gate_attention.recipes.common.summaries.generation import generation_prompts
+from hf_gate_attention.recipes.common.summaries.pipeline import load_data
+from hf_gate_attention.recipes.common.training import load_tokenizer
 from hf_gate_attention.recipes.summarization.lengths import saved_config
 from hf_gate_attention.recipes.summarization.models import load_trained_model
 
@@ -82,7 +93,9 @@ class TrainedRuns:
     what `measure_length` asks of `PatchedCases`: `cases`, `baseline`, `dense`, `tokens`, `set_case` and
     `model`. `names`: only these runs."""
 
-    def __init__(self, results: str | Path, names: list[str] | None = None, seed: int = 0):
+    def __init__(
+        self, results: str | Path, names: list[str] | None = None, seed: int = 0, real_text: bool = False
+    ):
         results = Path(results)
         try:
             config = saved_config(results)
@@ -107,8 +120,20 @@ class TrainedRuns:
         self.baseline, self.dense = ungated[0], (dense or ungated)[0]
         self.model = self.models[self.baseline]
         self.generator = torch.Generator().manual_seed(seed)
+        self.config, self.tokenizer, self.test_set = config, None, None
+        if real_text:
+            self.tokenizer = load_tokenizer(model_path)
+            self.test_set = load_data(config.replace(eval_steps=None))["test"]
 
-    tokens = Bench.tokens  # random ids of the current model's vocabulary, from `self.generator`
+    def tokens(self, length: int) -> torch.Tensor:
+        """`(1, L)` ids: random ids of the model's vocabulary, L = `length` (from `self.generator`), or with
+        `real_text` the longest of the test papers' prompts built as the recipe builds them within `length`
+        tokens (L = `length` where a paper fills it, the papers cut as in training)."""
+        if self.test_set is None:
+            return Bench.tokens(self, length)
+        config = self.config.replace(doc_token_budget=length)
+        prompts = generation_prompts(self.test_set, self.tokenizer, config)
+        return torch.tensor([max(prompts, key=len)])
 
     def set_case(self, case: str) -> None:
         self.model = self.models[case]
@@ -157,6 +182,7 @@ def measure_length(bench: PatchedCases | TrainedRuns, length: int, args) -> list
         rows.append(
             {
                 "length": length,
+                "prompt_tokens": document.shape[1],
                 "case": case,
                 "prefill_s": statistics.median(p[0] for p in times[case]),
                 "decode_s": statistics.median(p[1] for p in times[case]),
@@ -210,15 +236,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--trained", help="a results folder of the recipe: its trained runs are the cases")
     parser.add_argument("--runs", nargs="+", help="with --trained: only these runs")
+    parser.add_argument(
+        "--real-text",
+        action="store_true",
+        help="with --trained: each length's document is the longest test paper's prompt, not random ids",
+    )
     parser.add_argument("--out", default="benchmarks/results/long_document", help="writes <out>.csv/.md")
     args = parser.parse_args()
+    if args.real_text and not args.trained:
+        parser.error("--real-text needs --trained (the test papers of a results folder)")
     torch.set_num_threads(args.threads)
     if args.trained:
-        bench = TrainedRuns(args.trained, args.runs)
-        what = f"the trained runs of {args.trained} (their gates as trained)"
+        bench = TrainedRuns(args.trained, args.runs, real_text=args.real_text)
+        documents = "the longest test paper's prompt" if args.real_text else "random token ids"
+        what = f"the trained runs of {args.trained} (their gates as trained) on {documents}"
     else:
         bench = PatchedCases(load_model(resolve_model("SmolLM2-135M-Instruct")))
-        what = "SmolLM2-135M-Instruct float32, untrained gates"
+        what = "SmolLM2-135M-Instruct float32, untrained gates, random token ids"
     rows = [row for length in args.lengths for row in measure_length(bench, length, args)]
     profile = profile_phases(bench, max(args.lengths), args.new_tokens)
     header = (
@@ -229,11 +263,13 @@ def main() -> None:
         f"summary / case's, median over rounds [lowest, highest round]. Claim: x{CLAIM} (+18 %), judged by "
         "results/REPRODUCTION.md's rule (every round at least x1.18: reproduced; none: not reproduced)."
     )
-    columns = ["document tokens", "case", "prefill s", "decode s", "s / summary", "prefill ratio"]
-    columns += ["decode ratio", "speed-up [rounds]", f"vs {bench.dense} [rounds]", "+18 % claim"]
+    columns = ["document tokens", "prompt tokens", "case", "prefill s", "decode s", "s / summary"]
+    columns += ["prefill ratio", "decode ratio", "speed-up [rounds]", f"vs {bench.dense} [rounds]"]
+    columns += ["+18 % claim"]
     cells = [
         [
             f"{r['length']:,}",
+            f"{r['prompt_tokens']:,}",
             r["case"],
             f"{r['prefill_s']:.2f}",
             f"{r['decode_s']:.2f}",
@@ -247,7 +283,7 @@ def main() -> None:
         ]
         for r in rows
     ]
-    table = markdown_table(columns, cells, "rlrrrrrlll")
+    table = markdown_table(columns, cells, "rrlrrrrrlll")
     profile_cells = [[r["case"], r["phase"], r["op"], f"{100 * r['share']:.1f} %"] for r in profile]
     where = markdown_table(["case", "phase", "aten op", "share of aten self time"], profile_cells, "lllr")
     lines = [

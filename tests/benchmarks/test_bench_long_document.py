@@ -63,3 +63,20 @@ def test_trained_runs_are_the_runs_with_weights(recipe_results, tmp_path):
 def test_trained_runs_need_an_ungated_run_with_weights(recipe_results):
     with pytest.raises(SystemExit, match="no ungated run with weights"):
         long_document.TrainedRuns(recipe_results, ["output-headwise"])
+
+
+def test_real_text_documents_are_the_longest_test_prompt(recipe_results):
+    """`--real-text`: each length's document is the longest of the test papers' prompts built by the recipe
+    within that length (the length itself where a paper fills it), and the rows record its tokens."""
+    from hf_gate_attention.recipes.common.summaries.generation import generation_prompts
+
+    runs = long_document.TrainedRuns(recipe_results, ["baseline"], real_text=True)
+    prompts = generation_prompts(runs.test_set, runs.tokenizer, runs.config.replace(doc_token_budget=16))
+    short, long = runs.tokens(16), runs.tokens(48)
+    assert short.tolist() == [max(prompts, key=len)]
+    assert short.shape[1] == 16 and 16 < long.shape[1] <= 48
+    assert torch.equal(runs.tokens(16), short)  # the same document in every round
+    [row] = long_document.measure_length(runs, 16, argparse.Namespace(rounds=1, new_tokens=1))
+    assert row["prompt_tokens"] == short.shape[1]
+    random_ids = long_document.TrainedRuns(recipe_results, ["baseline"])
+    assert random_ids.tokens(16).shape == (1, 16)

@@ -132,7 +132,7 @@ def test_long_document_section_judges_each_length(tmp_path):
         "8192,top-2,0.9,1.1,0.9,0.85,0.95,1.0,0.9,1.1,,,\n"
         ",ungated,,,,,,,,,prefill,aten::mm,0.3\n"
     )
-    lines, holds = reproduction._long_documents(path)
+    lines, holds = reproduction._long_documents(path, "python bench.py", "random token ids")
     section = "\n".join(lines)
     assert (
         "| 1,024 | ungated | x1.000 | x1.000 | x1.000 [1.000, 1.000] | x0.950 [0.900, 1.000] |  |" in section
@@ -145,4 +145,5 @@ def test_long_document_section_judges_each_length(tmp_path):
     assert section.count("| not reproduced |") == 1 and "aten::mm" not in section
     assert section.endswith("holds in every round for: top-1 at 1,024 tokens.")
     assert holds == "+18 % claim holds in every round for: top-1 at 1,024 tokens"
-    assert reproduction._long_documents(tmp_path / "missing.csv") == ([], "")
+    assert "## Speed at long-document lengths: random token ids" in section and "`python bench.py`" in section
+    assert reproduction._long_documents(tmp_path / "missing.csv", "cmd", "ids") == ([], "")

@@ -17,12 +17,21 @@ from ..common.speed import NOISY_NOTE, ratio_cell, ratio_summary, round_ratios
 from ..common.summaries.report import SPEED_COLUMNS, markdown_table, rouge_deltas
 from .lengths import LENGTHS_FOLDER, LENGTHS_REPORT, length_rows, lengths_table
 
-# `benchmarks/long_document.py`'s results, relative to the project's root (the report leaves the section out
-# where the file is missing)
-LONG_DOCUMENT_CSV = "benchmarks/results/long_document_trained.csv"
-LONG_DOCUMENT_COMMAND = (
-    "python benchmarks/long_document.py --trained results/reproduce --out "
-    "benchmarks/results/long_document_trained"
+# `benchmarks/long_document.py --trained`'s results, relative to the project's root: (CSV, the command that
+# wrote it, its documents); a section each, left out where the file is missing
+LONG_DOCUMENT_RESULTS = (
+    (
+        "benchmarks/results/long_document_trained_text.csv",
+        "python benchmarks/long_document.py --trained results/reproduce --real-text --lengths 1024 2048 4096 "
+        "8064 --out benchmarks/results/long_document_trained_text",
+        "the longest test paper's prompt",
+    ),
+    (
+        "benchmarks/results/long_document_trained.csv",
+        "python benchmarks/long_document.py --trained results/reproduce --out "
+        "benchmarks/results/long_document_trained",
+        "random token ids",
+    ),
 )
 GPU_COMMAND = (
     "accelerate launch --config_file recipes/summarization/accelerate/fsdp.yaml \\\n"
@@ -138,10 +147,11 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
     ]
 
 
-def _long_documents(path: Path) -> tuple[list[str], str]:
-    """The speed claim judged per document length, from `benchmarks/long_document.py --trained`'s CSV (its
-    rows per length and case, the reference case first; the profile rows have no speed-up): the lines of a
-    section and the sentence saying where the claim holds; `([], "")` where `path` is missing."""
+def _long_documents(path: Path, command: str, documents: str) -> tuple[list[str], str]:
+    """The speed claim judged per document length, from `benchmarks/long_document.py --trained`'s CSV at
+    `path` written by `command` on `documents` (its rows per length and case, the reference case first; the
+    profile rows have no speed-up): the lines of a section and the sentence saying where the claim holds;
+    `([], "")` where `path` is missing."""
     if not path.is_file():
         return [], ""
     with path.open(newline="", encoding="utf-8") as file:
@@ -165,10 +175,10 @@ def _long_documents(path: Path) -> tuple[list[str], str]:
     holds = "+18 % claim holds in every round for: " + (", ".join(reproduced_at) or "no case, at no length")
     section = [
         "",
-        "## Speed at long-document lengths",
+        f"## Speed at long-document lengths: {documents}",
         "",
-        f"From `{path}` (`{LONG_DOCUMENT_COMMAND}`, whose header gives the setup): the runs' trained models "
-        f"that have their weights, on random token ids; `{reference}` is the reference. One summary = the "
+        f"From `{path}` (`{command}`, whose header gives the setup): the runs' trained models that have "
+        f"their weights, on {documents}; `{reference}` is the reference. One summary = the "
         "prefill of the document and its decoded tokens. Time ratios: case / reference, prefill and decode "
         "apart (below 1 is faster); speed-ups per summary and the verdict by the rule above, per length.",
         "",
@@ -211,10 +221,10 @@ def _quality_at_lengths(results: Path) -> tuple[list[str], str]:
 
 
 def reproduction_report(
-    results: str | Path, command: str, long_document: str | Path = LONG_DOCUMENT_CSV
+    results: str | Path, command: str, long_documents: tuple = LONG_DOCUMENT_RESULTS
 ) -> str:
     """Markdown: the claims, the setup, the measured tables and a verdict per claim and gated run; the speed
-    claim per document length from `long_document` (`benchmarks/long_document.py`'s CSV) where it exists."""
+    claim per document length from each of `long_documents` (`LONG_DOCUMENT_RESULTS`) that exists."""
     results = Path(results)
     comparison = read_json(results / "comparison.json")
     if comparison is None:
@@ -241,7 +251,10 @@ def reproduction_report(
             f"| {speed_verdicts[-1]} |"
         )
     level = f"{100 * config['confidence']:g} %"
-    long_lines, holds = _long_documents(Path(long_document))
+    speed_at_lengths = [
+        (documents, *_long_documents(Path(path), command, documents))
+        for path, command, documents in long_documents
+    ]
     quality_lines, quality_holds = _quality_at_lengths(results)
     lines = [
         "# Reproduction of the source article's claims",
@@ -258,12 +271,10 @@ def reproduction_report(
         f"- ROUGE-L +{ROUGE_L_CLAIM_PERCENT} %: **{_overall(rouge_verdicts)}**.",
         f"- Inference speed +{100 * (SPEEDUP_CLAIM - 1):.0f} %: **{_overall(speed_verdicts)}**.",
         *(
-            [
-                "- At long-document lengths (the trained runs timed on documents of 1k to 8k tokens; "
-                f"section *Speed at long-document lengths*): the {holds}."
-            ]
-            if long_lines
-            else []
+            f"- At long-document lengths (the trained runs timed on documents of 1k to 8k tokens, "
+            f"{documents}; section *Speed at long-document lengths: {documents}*): the {holds}."
+            for documents, section, holds in speed_at_lengths
+            if section
         ),
         *(
             [
@@ -297,7 +308,7 @@ def reproduction_report(
         *_sparse_against_dense(metrics, config),
         "",
         "Plots: `loss_curves.png`, `rouge.png`, `speed.png` in the results folder.",
-        *long_lines,
+        *(line for _, section, _ in speed_at_lengths for line in section),
         *quality_lines,
         "",
         "## Reading these numbers",

@@ -22,6 +22,9 @@ then the gate.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
   heads (variant `output`: its gate, computed from the projection's input, comes first) and the output
   projection only their columns (`prepare_block`; plain `nn.Linear` projections only).
+- Under `torch.compile`, that decode step syncs nothing with the host (no graph break, `fullgraph=True`
+  works): every head attends in one SDPA call, a dropped head masked to its sink and window keys or, when it
+  reads nothing, gated to 0 (the masked reference's work, without its host dispatch).
 
 Not skipped: the key/value projections (keys and values are written for every group), the query and output
 projections of batches and prompts (the kept heads change from token to token), and, with
@@ -150,6 +153,11 @@ def sparse_attention_forward(
                 streaming = streaming_keys(allowed, sink, window)
             else:
                 reads = reads.transpose(1, 2)
+    if one_token and streaming is None and torch.compiler.is_compiling():  # the dropped heads' gate is 0
+        attended = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+        )  # (1, H, 1, D)
+        return _gated(attended.transpose(1, 2), keep, None, gate)
     if one_token and streaming is not None and not _skipping_pays(block_patch, keep, num_groups, key_length):
         kept_heads = keep.view(1, -1, 1, 1) > 0  # (1, H, 1, 1)
         # (1, H, 1, S) bool: a kept head the keys the mask allows, a dropped head its sink and window keys
@@ -338,7 +346,10 @@ SKIP_DECODE_KEYS = 4096
 
 
 def _skipping_pays(block_patch, keep: torch.Tensor, num_groups: int, key_length: int) -> bool:
-    """Whether this decode step of one token skips the keys its dropped groups do not read."""
+    """Whether this decode step of one token skips the keys its dropped groups do not read (never under
+    `torch.compile`: choosing would sync with the host)."""
+    if torch.compiler.is_compiling():
+        return False
     if block_patch.sparse:
         return True
     if (num_groups - 1) * key_length < SKIP_DECODE_KEYS:  # top-k keeps a group: no more can be dropped
@@ -421,7 +432,7 @@ def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int
     computed from the input first (stashed for the attention function) and only the kept heads' rows are
     projected."""
     block_patch.stash.pop("gate", None)
-    if x.shape[:-1].numel() != 1:
+    if x.shape[:-1].numel() != 1 or torch.compiler.is_compiling():  # (choosing rows would sync with the host)
         return F.linear(x, module.weight, module.bias)
     gate, keep = block_patch.gate().with_selection(x=x)
     block_patch.stash["gate"] = (gate, keep)

@@ -429,3 +429,34 @@ def _no_grad_logits(model, config: GateConfig, input_ids: torch.Tensor, sparse_m
     patch(model, config, backend="torch", sparse=sparse_mode)
     with torch.no_grad():
         return model(input_ids=input_ids).logits
+
+
+@pytest.mark.parametrize("sparse_mode", [None, True], ids=["sparse-none", "sparse-true"])
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
+def test_compiled_single_sequence_decode_has_no_graph_break(monkeypatch, selection, cache, sparse_mode):
+    """`torch.compile(fullgraph=True)` of a decode step (one token, one sequence) traces without a graph
+    break (no host sync: every head attends in one SDPA call) and gives the masked reference's logits, also
+    where the eager step would skip (`SKIP_DECODE_KEYS` 0) and with `sparse=True` (eager: always skips)."""
+    monkeypatch.setattr(sparse, "SKIP_DECODE_KEYS", 0)
+    torch._dynamo.reset()
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA)
+    prompt = tiny_inputs("llama", batch=1, length=12)["input_ids"]
+    logits = {}
+    for mode in (False, sparse_mode):
+        torch.manual_seed(7)
+        patch(model, GateConfig(init="paper", **SELECTIONS[selection]), backend="torch", sparse=mode)
+        if cache == "static":
+            past = transformers.StaticCache(config=model.config, max_cache_len=16)
+        else:
+            past = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt[:, :-1], past_key_values=past, use_cache=True)
+            forward = (
+                model.forward
+                if mode is False
+                else torch.compile(model.forward, fullgraph=True, backend="eager")
+            )
+            logits[mode] = forward(input_ids=prompt[:, -1:], past_key_values=past, use_cache=True).logits
+        unpatch(model)
+    torch.testing.assert_close(logits[sparse_mode], logits[False], atol=1e-5, rtol=1e-5)

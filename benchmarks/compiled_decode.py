@@ -12,6 +12,13 @@ over rounds (other processes only ever add time), beside the median [range] of t
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/compiled_decode.py --out benchmarks/results/compiled_decode
 
+`--sparse` times instead the ungated model, the dense headwise gate and the reproduction's sparse runs that
+keep quality (`SPARSE_CASES`: top-2 / top-1 of 3 key/value groups, dropped groups reading a sink of 4 and a
+window of 64 keys), whose compiled decode step runs every head in one masked SDPA call (`core/sparse.py`):
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/compiled_decode.py --sparse --context 1024 \
+        --out benchmarks/results/compiled_decode_sparse
+
 Run it on an otherwise idle machine (compiling takes a few minutes per case on 2 cores).
 """
 
@@ -46,6 +53,13 @@ CASES = {
     "output/headwise": {"variant": "output", "granularity": "headwise"},
     "output/elementwise": {"variant": "output", "granularity": "elementwise"},
     "qk/headwise": {"variant": "qk", "granularity": "headwise"},
+}
+SINK_WINDOW = {"top_k_unit": "kv_group", "top_k_sink": 4, "top_k_window": 64}
+SPARSE_CASES = {
+    "ungated": None,
+    "output/headwise": CASES["output/headwise"],
+    "top-2 of 3, sink 4 + window 64": {**CASES["output/headwise"], "top_k": 2, **SINK_WINDOW},
+    "top-1 of 3, sink 4 + window 64": {**CASES["output/headwise"], "top_k": 1, **SINK_WINDOW},
 }
 
 
@@ -95,12 +109,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="decode steps per case and round")
     parser.add_argument("--rounds", type=int, default=60, help="timed rounds, after a warm-up round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
+    parser.add_argument("--sparse", action="store_true", help="the cases of SPARSE_CASES instead")
     parser.add_argument("--out", default="benchmarks/results/compiled_decode", help="writes <out>.csv/.md")
     args = parser.parse_args()
+    cases = SPARSE_CASES if args.sparse else CASES
     path = resolve_model("SmolLM2-135M-Instruct")
     spawn = multiprocessing.get_context("spawn")
     connections, processes = {}, []
-    for case, gate in CASES.items():
+    for case, gate in cases.items():
         connections[case], child = spawn.Pipe()
         processes.append(spawn.Process(target=_serve, args=(child, path, gate, args.context, args.threads)))
         processes[-1].start()
@@ -110,13 +126,13 @@ def main() -> None:
         connections[case].send(args.steps)
         return connections[case].recv()
 
-    times = interleaved(time_case, list(CASES), args.rounds)
+    times = interleaved(time_case, list(cases), args.rounds)
     for connection in connections.values():
         connection.send(None)
     for process in processes:
         process.join()
     rows = []
-    for case in CASES:
+    for case in cases:
         ratio, ratio_min, ratio_max = median_range(ratios(times[case], times["ungated"]))
         rows.append(
             {

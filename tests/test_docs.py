@@ -786,7 +786,7 @@ def test_the_sparse_host_costs_as_quoted():
 
 
 def test_the_quality_per_length_as_quoted():
-    """docs/sparse.md's ROUGE-L deltas of the trained runs at 2k and 8k: as results/reproduce/lengths.md."""
+    """docs/sparse.md's ROUGE-L deltas of the trained runs per length: as results/reproduce/lengths.md."""
     lengths = read(RESULTS / "reproduce" / "lengths.md")
     [rows] = [r for r in tables(lengths) if r and "vs baseline [CI]" in r[0]]
     by = {(row["prompt tokens (at most)"], row["run"]): row for row in rows}
@@ -802,7 +802,17 @@ def test_the_quality_per_length_as_quoted():
     )
     assert says(
         REPO / "docs" / "sparse.md",
-        f"the dense headwise gate {delta('2,048', 'output-headwise')} at 2k and "
-        f"{delta('8,064', 'output-headwise')} at 8k; keeping 1 of 3 groups {delta('2,048', top1)} at 2k and "
-        f"{delta('8,064', top1)} at 8k; keeping 2 of 3 {delta('2,048', top2)} at 2k",
+        f"the dense headwise gate {delta('2,048', 'output-headwise')} at 2k, "
+        f"{delta('4,096', 'output-headwise')} at 4k and {delta('8,064', 'output-headwise')} at 8k; keeping 1 "
+        f"of 3 groups {delta('2,048', top1)} at 2k, {delta('4,096', top1)} at 4k and {delta('8,064', top1)} "
+        f"at 8k; keeping 2 of 3 {delta('2,048', top2)} at 2k",
+    )
+    losses = [
+        re.search(r"\((-\d+\.\d) %\)", by[tokens, top1]["vs baseline [CI]"]).group(1).lstrip("-")
+        for tokens in ("1,024", "2,048", "4,096", "8,064")
+    ]
+    assert says(
+        REPO / "docs" / "sparse.md",
+        f"{losses[0]} % of the baseline's ROUGE-L at 1k, {losses[1]} % at 2k, {losses[2]} % at 4k and "
+        f"{losses[3]} % at 8k",
     )

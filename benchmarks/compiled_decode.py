@@ -19,6 +19,11 @@ window of 64 keys), whose compiled decode step runs every head in one masked SDP
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/compiled_decode.py --sparse --context 1024 \
         --out benchmarks/results/compiled_decode_sparse
 
+A StaticCache passes a mask, and with a mask transformers' SDPA attention repeats the key/value heads for
+their query heads (`use_gqa_in_sdpa`: CUDA's fused kernels take grouped heads only without a mask), a copy of
+the cache per layer and step that the sparse path's own SDPA call does not make (`enable_gqa=True`).
+`--force-gqa` sets `TRANSFORMERS_SDPA_FORCE_GQA=1` in every case's process, so that no case copies.
+
 Run it on an otherwise idle machine (compiling takes a few minutes per case on 2 cores).
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import multiprocessing
+import os
 import statistics
 import time
 
@@ -110,9 +116,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60, help="timed rounds, after a warm-up round")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--sparse", action="store_true", help="the cases of SPARSE_CASES instead")
+    parser.add_argument(
+        "--force-gqa", action="store_true", help="TRANSFORMERS_SDPA_FORCE_GQA=1: no case repeats key/value"
+    )
     parser.add_argument("--out", default="benchmarks/results/compiled_decode", help="writes <out>.csv/.md")
     args = parser.parse_args()
     cases = SPARSE_CASES if args.sparse else CASES
+    if args.force_gqa:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"  # inherited by the cases' processes
+    gqa = "grouped key/value heads in every SDPA call" if args.force_gqa else "transformers' default GQA"
     path = resolve_model("SmolLM2-135M-Instruct")
     spawn = multiprocessing.get_context("spawn")
     connections, processes = {}, []
@@ -149,7 +161,8 @@ def main() -> None:
     header = (
         f"`{command_line()}` on {datetime.date.today()}: SmolLM2-135M-Instruct float32, torch.compile "
         f"(inductor, fullgraph), one process per case, batch 1, StaticCache of {args.context} tokens, "
-        f"{args.steps} decode steps per round, {args.rounds} interleaved rounds after a warm-up round; "
+        f"{args.steps} decode steps per round, {args.rounds} interleaved rounds after a warm-up round, "
+        f"{gqa}; "
         f"{cpu_model()}, {args.threads} threads; torch {torch.__version__}. ms per step: 10th percentile of "
         "the rounds. Time ratio: case / ungated, of the 10th percentiles, and the median [range] of the "
         "per-round ratios."

@@ -52,12 +52,14 @@ def _inputs(model_type: str) -> dict:
     return inputs
 
 
-def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool):
-    """Outputs at the non-padded positions and the gradients of every parameter, the gates seeded alike."""
+def _run(model, config: GateConfig, inputs: dict, sparse_mode: bool, compiled: bool = False):
+    """Outputs at the non-padded positions and the gradients of every parameter, the gates seeded alike;
+    `compiled`: through `torch.compile(fullgraph=True)`, which fails at any graph break."""
     torch.manual_seed(7)
     patch(model, config, backend="torch", sparse=sparse_mode)
     model.zero_grad()
-    out = first_output(model(**inputs))
+    forward = torch.compile(model, fullgraph=True, backend="eager") if compiled else model
+    out = first_output(forward(**inputs))
     mask = inputs.get("attention_mask")
     rows = mask.bool() if mask is not None and out.shape[:2] == mask.shape else slice(None)  # per token
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
@@ -460,3 +462,20 @@ def test_compiled_single_sequence_decode_has_no_graph_break(monkeypatch, selecti
             logits[mode] = forward(input_ids=prompt[:, -1:], past_key_values=past, use_cache=True).logits
         unpatch(model)
     torch.testing.assert_close(logits[sparse_mode], logits[False], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3"])
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
+def test_compiled_single_token_matches_masked_forward_and_backward(bare, selection):
+    """The compiled one-token path (one sequence, one query) with gradients: outputs and every parameter's
+    gradient as the masked reference's, bare model and task head."""
+    torch._dynamo.reset()
+    model = tiny_model("llama", attn_implementation="sdpa", bare=bare, **GQA).train()
+    inputs = {"input_ids": tiny_inputs("llama", batch=1, length=1)["input_ids"]}
+    config = GateConfig(init="paper", **SELECTIONS[selection])
+    expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)
+    out, grads, _ = _run(model, config, inputs, sparse_mode=None, compiled=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("attn_gate" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)

@@ -80,15 +80,14 @@ CASES = {
         "top_k_window": 64,
     },
 }
-# the two ways a single sequence's decode step with sink and window reads can run, which
-# `sparse.SKIP_DECODE_KEYS` chooses between (`None` in `SKIP_KEYS`: the default choice)
-SKIP_KEYS = {
-    f"top-{kept} of 3, sink 4 + window 64, {way}": keys
+# the two ways a single sequence's decode step with sink and window reads can run (`sparse.SKIP_DECODE`;
+# the other cases run the default, skipping)
+SKIP_DECODE = {
+    f"top-{kept} of 3, sink 4 + window 64, {way}": skip
     for kept in (2, 1)
-    for way, keys in (("skipping", 0), ("one masked call", 10**9))
+    for way, skip in (("skipping", True), ("one masked call", False))
 }
-CASES.update({case: CASES[case.rsplit(", ", 1)[0]] for case in SKIP_KEYS})
-DEFAULT_SKIP_DECODE_KEYS = sparse_module.SKIP_DECODE_KEYS
+CASES.update({case: CASES[case.rsplit(", ", 1)[0]] for case in SKIP_DECODE})
 PHASES = ("decode", "prefill", "train")
 CACHES = ("dynamic", "static")
 
@@ -109,7 +108,7 @@ class Bench:
             for param in self.optimizer.param_groups.pop()["params"]:
                 self.optimizer.state.pop(param, None)
             unpatch(self.model)
-        sparse_module.SKIP_DECODE_KEYS = SKIP_KEYS.get(case, DEFAULT_SKIP_DECODE_KEYS)
+        sparse_module.SKIP_DECODE = SKIP_DECODE.get(case, True)
         if CASES[case] is not None:
             torch.manual_seed(0)
             patch(self.model, GateConfig(init="paper", **CASES[case]), backend=self.backend)
@@ -166,7 +165,7 @@ class PatchedOnce(Bench):
         self.copies = {BASELINE: model}
 
     def set_case(self, case: str) -> None:
-        sparse_module.SKIP_DECODE_KEYS = SKIP_KEYS.get(case, DEFAULT_SKIP_DECODE_KEYS)
+        sparse_module.SKIP_DECODE = SKIP_DECODE.get(case, True)
         if case not in self.copies:
             torch.manual_seed(0)
             gate = GateConfig(init="paper", **CASES[case])

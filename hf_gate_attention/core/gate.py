@@ -162,13 +162,29 @@ class AttentionGate(nn.Module):
         gate = torch.sigmoid(logits if logits.dtype == torch.float32 else logits.float())
         return gate if self.scale == 1.0 else gate * self.scale
 
+    def with_kept_heads(self, x=None, q=None, k=None, logits=None) -> tuple[torch.Tensor, list[bool]]:
+        """For one token: `(gate (1, 1, G, w) float32, whether top-k keeps each gated head (G bools))`, the
+        selection of `with_selection` made on the host, without building `keep` on the device (a decode step
+        of one sequence needs it there); the gate is not multiplied by it."""
+        gate = self._sigmoid(self.logits(x, q, k, logits))
+        kept_units = [False] * (self.num_gated_heads // self.heads_per_unit)
+        for unit in self._top_units(gate).view(-1).tolist():
+            kept_units[unit] = True
+        return gate, [kept for kept in kept_units for _ in range(self.heads_per_unit)]
+
     def selection(self, gate: torch.Tensor) -> torch.Tensor:
         """The top-k 0/1 selection `(..., G)` for gate values `gate: (..., G, w)`."""
+        top_units = self._top_units(gate)  # (..., top_k)
+        units = self.num_gated_heads // self.heads_per_unit
+        keep = gate.new_zeros(*top_units.shape[:-1], units).scatter(-1, top_units, 1.0)  # (..., units)
+        return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
+
+    def _top_units(self, gate: torch.Tensor) -> torch.Tensor:
+        """Indices `(..., top_k)` of the units with the largest (mean) gate values, `gate: (..., G, w)`."""
         score = gate[..., 0] if self.width == 1 else gate.mean(-1)  # (..., G)
         if self.heads_per_unit > 1:  # the sum ranks the units as the mean does, in one op fewer
             score = score.unflatten(-1, (-1, self.heads_per_unit)).sum(-1)  # (..., KV)
-        keep = torch.zeros_like(score).scatter(-1, score.topk(self.top_k, dim=-1).indices, 1.0)
-        return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
+        return score.topk(self.top_k, dim=-1).indices
 
 
 _ZERO = torch.zeros(())  # the `input` of the one-op scaled multiply (`AttentionGate.gated`)

@@ -81,8 +81,9 @@ class _BlockPatch:
         self.query_stashes_logits = False  # set by `query_computes_logits`
         self.roles = self._roles()
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
-        # dense gates run the projections' parts from instance `forward`s, not hooks (`InlineForward`)
-        self.inline = gate_multiply is None and not gate_in_attention and config.top_k is None
+        # on plain torch (dense gates, or sparse top-k, whose attention function applies the gate), the
+        # projections' parts run from instance `forward`s, not hooks (`InlineForward`)
+        self.inline = gate_multiply is None and (config.top_k is None or gate_in_attention)
         self._watch()
         self.block_handle = self._hook_block()
         self._sync_hooks(block, ())
@@ -257,7 +258,7 @@ class _BlockPatch:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
         gate = self.block._modules[GATE_MODULE_NAME]  # `self.gate()`, one call fewer per layer and token
-        if self.inline and type(gate) is AttentionGate and called_bare(gate):
+        if self.inline and gate.top_k is None and type(gate) is AttentionGate and called_bare(gate):
             return gate.gated(values, **inputs)
         if self.gate_multiply is not None:
             logits, keep = gate(**inputs, logits_only=True)
@@ -270,13 +271,21 @@ class _BlockPatch:
         self.stash["fused"] = True
         return logits, keep, self.scale
 
-    def take_gate(self):
+    def take_gate(self, kept_on_host: bool = False):
         """For an attention function that applies the gate itself: `(gate (B, L, H, w), keep (B, L, H) or
         None)`, float32, `gate` already multiplied by `keep` (computed earlier by a projection that needed the
-        selection, if one stashed it as `gate`)."""
+        selection, if one stashed it as `gate`). `kept_on_host` (one token, top-k): `keep` as a list of H
+        bools instead, the gate not multiplied by it unless a projection computed it (`with_kept_heads`)."""
         inputs = self._take_inputs()
         precomputed = self.stash.pop("gate", None)
-        gate, keep = precomputed if precomputed is not None else self.gate().with_selection(**inputs)
+        if precomputed is not None:
+            gate, keep = precomputed
+            if kept_on_host:
+                keep = [kept > 0 for kept in keep.view(-1).tolist()]
+        elif kept_on_host:
+            gate, keep = self.gate().with_kept_heads(**inputs)
+        else:
+            gate, keep = self.gate().with_selection(**inputs)
         self.stash["fused"] = True
         return gate, keep
 
@@ -293,18 +302,22 @@ class InlineForward:
     without hook dispatch, which costs as much as the gate's arithmetic in a CPU decode step
     (benchmarks/gate_cost.py). Used where the module has no instance `forward` of its own; `remove()` takes it
     off. An object, not a closure, so that `copy.deepcopy(model)` gives the copy's projection the copy's
-    block patch."""
+    block patch. `project`, if set, runs instead of the class's `forward` (sparse top-k's partial
+    projections, `sparse.prepare_block`)."""
 
     def __init__(self, module: nn.Module, before, after):
         self.module, self.before, self.after = module, before, after
         self.linear = type(module) is nn.Linear
+        self.project = None
         module.forward = self
 
     def __call__(self, *args, **kwargs):
         module = self.module
         if self.before is not None:
             args = self.before(module, args) or args
-        if self.linear and not kwargs:  # `nn.Linear.forward` without its two `nn.Module.__getattr__`s
+        if self.project is not None:
+            output = self.project(*args, **kwargs)
+        elif self.linear and not kwargs:  # `nn.Linear.forward` without its two `nn.Module.__getattr__`s
             weights = module._parameters
             output = F.linear(*args, weights["weight"], weights["bias"])
         else:

@@ -9,14 +9,14 @@ then the gate.
 
 - Decode (one query per sequence): each sequence of the batch reads only the KV cache of the groups it keeps;
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache. With `top_k_sink/top_k_window`,
-  a single sequence's step skips only where that skips enough keys to pay (`SKIP_DECODE_KEYS`); otherwise
-  it runs one SDPA call with each dropped head masked to its sink and window keys.
+  the dropped groups read only their sink and window keys, gathered.
 - Prefill without gradients of unpadded sequences (causal, no mask) from `BLOCKED_MIN_KEYS` keys: the kept
-  rows of each group attend in blocks of rows, without a mask (`_kept_rows_in_blocks`).
-- Otherwise (training, padding, shorter prompts): a group that more than half the rows keep runs on all rows
-  (one SDPA call for the layer when every group does); otherwise the kept query rows of each group are
-  gathered, with their rows of the causal, padding or sliding-window mask. Gradients flow through the gather
-  like through the masked reference.
+  rows of each group attend in blocks of rows, without a mask (`_kept_rows_in_blocks`); shorter such
+  prompts, and groups the blocks do not pay for, run one causal SDPA call over every row.
+- Otherwise (training, padding, non-causal attention): a group that more than half the rows keep runs on
+  all rows (one SDPA call for the layer when every group does); otherwise the kept query rows of each group
+  are gathered, with their rows of the causal, padding or sliding-window mask. Gradients flow through the
+  gather like through the masked reference.
 - With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
   (`streaming.blocked_streaming_attention`), or through their mask where that does not apply.
 - Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
@@ -34,14 +34,14 @@ to the rounding of SDPA and matmuls on other shapes (< 1e-5 in float32).
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .gate import gate_heads
-from .hooks import GATE_MODULE_NAME, block_patch_of
+from .hooks import GATE_MODULE_NAME, InlineForward, block_patch_of
 from .streaming import allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
 from .variants import GATE_VARIANTS, names_where
 
@@ -115,13 +115,20 @@ def sparse_attention_forward(
         )
     if kwargs.get("position_bias") is not None:
         raise ValueError("sparse top-k attention does not support position_bias; patch with sparse=False")
-    gate, keep = block_patch.take_gate()  # (B, L, H, w), (B, L, H)
     batch, num_heads, query_length, _ = query.shape
     num_groups, key_length = key.shape[1], key.shape[2]
     heads_per_group = num_heads // num_groups
-    causal = is_causal(module, kwargs, query_length)
     gate_module = block_patch.gate()
-    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] != 1:
+    per_head_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] != 1
+    one_token = batch * query_length == 1 and not per_head_mask and not kwargs.get("output_attentions")
+    if one_token and _skipping_pays():
+        gate, kept_heads = block_patch.take_gate(kept_on_host=True)  # (1, 1, H, w), H bools
+        positions = _read_positions(gate_module, attention_mask, key_length, query.device)
+        selection = (gate, kept_heads, positions)
+        return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
+    gate, keep = block_patch.take_gate()  # (B, L, H, w), (B, L, H)
+    causal = is_causal(module, kwargs, query_length)
+    if per_head_mask:
         # a mask per head (Swin's relative position bias): nothing is gathered, every head attends
         if gate_module.dropped_reads_keys:
             raise ValueError(
@@ -132,62 +139,54 @@ def sparse_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )  # (B, L, H, D)
         return _gated(attended, keep, None, gate)
-    one_token = batch * query_length == 1 and not kwargs.get("output_attentions")
+    if one_token:  # under torch.compile (or without SKIP_DECODE): one SDPA call over every head
+        return _one_token_in_one_call(
+            query, key, value, attention_mask, (gate, keep, gate_module), scaling, dropout
+        )
     streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
     reads = None  # or what every head gives reading only those keys, (B, L, H, D)
     if gate_module.dropped_reads_keys:
         sink, window = gate_module.top_k_sink, gate_module.top_k_window
-        allowed = None  # (B or 1, 1, L, S) bool; None: no mask (the blocked path, one token, need none)
+        allowed = None  # (B or 1, 1, L, S) bool; None: no mask (the blocked reads need none)
         if attention_mask is not None:
             allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-        if one_token and allowed is None:  # one query that sees every key
-            streaming = _sink_and_window(key_length, sink, window, query.device)
-        else:
-            if not one_token:
-                reads = blocked_streaming_attention(
-                    query, key, value, allowed, causal, sink, window, scaling, dropout
-                )
-            if reads is None:
-                if allowed is None:
-                    allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-                streaming = streaming_keys(allowed, sink, window)
-            else:
-                reads = reads.transpose(1, 2)
-    if one_token and streaming is None and torch.compiler.is_compiling():  # the dropped heads' gate is 0
-        attended = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-        )  # (1, H, 1, D)
-        return _gated(attended.transpose(1, 2), keep, None, gate)
-    if one_token and streaming is not None and not _skipping_pays(block_patch, keep, num_groups, key_length):
-        kept_heads = keep.view(1, -1, 1, 1) > 0  # (1, H, 1, 1)
-        # (1, H, 1, S) bool: a kept head the keys the mask allows, a dropped head its sink and window keys
-        heads_keys = (
-            streaming | kept_heads if allowed is None else torch.where(kept_heads, allowed, streaming)
+        reads = blocked_streaming_attention(
+            query, key, value, allowed, causal, sink, window, scaling, dropout
         )
-        attended = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=heads_keys, dropout_p=dropout, scale=scaling, enable_gqa=True
-        )  # (1, H, 1, D)
-        return _gated(attended.transpose(1, 2), keep, None, gate)
-    if one_token:
-        selection = (gate, keep, streaming)
-        return _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout)
+        if reads is None:
+            if allowed is None:
+                allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
+            streaming = streaming_keys(allowed, sink, window)
+        else:
+            reads = reads.transpose(1, 2)
     kept_by_group = keep.unflatten(-1, (num_groups, heads_per_group))  # (B, L, KV, n)
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
-    rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
-    # (B, KV): the groups whose kept rows the blocks serve faster than one causal call over every row
-    in_blocks = [
-        [count + BLOCK_ROWS <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group
-    ]
-    if (
-        any(map(any, in_blocks))
-        and streaming is None
-        and _blocks_apply(query, key, value, attention_mask, causal, dropout)
-    ):
+    # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
+    # gathered, they would need their mask rows, which cost more than all rows causal (x1.8 to x7.0 on CPU:
+    # benchmarks/results/sparse_prefill.md)
+    unmasked_prompt = (
+        streaming is None
+        and causal
+        and query_length > 1
+        and attention_mask is None
+        and dropout == 0.0
+        and not _needs_grad(query, key, value)
+    )
+    in_blocks = None  # (B, KV): the groups whose kept rows the blocks serve faster than one causal call
+    if unmasked_prompt and _blocks_apply(query, key, value, attention_mask, causal, dropout):
+        rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
+        in_blocks = [
+            [count + BLOCK_ROWS <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group
+        ]
+    if in_blocks is not None and any(map(any, in_blocks)):
         attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks)
         return _gated(attended, keep, reads, gate)
+    rows_per_group = None if unmasked_prompt else group_rows.sum(1).tolist()  # (B, KV) one host sync
     # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
     # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
-    if all(2 * count > query_length for counts in rows_per_group for count in counts) and streaming is None:
+    if unmasked_prompt or (
+        streaming is None and all(2 * count > query_length for counts in rows_per_group for count in counts)
+    ):
         attended, _ = sdpa_attention_forward(
             module,
             query,
@@ -262,14 +261,18 @@ BLOCKS_PAY = 0.8
 CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def _needs_grad(query, key, value) -> bool:
+    """Whether this attention call records gradients."""
+    return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+
+
 def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: float) -> bool:
     """Whether `_kept_rows_in_blocks` serves this call (CPU, causal, no mask, no dropout, no gradient)."""
-    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     return (
         causal
         and attention_mask is None
         and dropout == 0.0
-        and not needs_grad
+        and not _needs_grad(query, key, value)
         and query.device.type == "cpu"
         and CPU_FLASH is not None
         and key.shape[2] >= BLOCKED_MIN_KEYS
@@ -335,27 +338,17 @@ def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None)
     return out
 
 
-# A decode step whose dropped groups read sink and window keys skips the rest of their keys only when it
-# skips at least this many keys in all (dropped groups x cache length); below, one SDPA call over every
-# group, each dropped head masked to its sink and window keys, costs less than the skipping path's extra ops
-# (benchmarks/results/decode_sink_window_skipping.md, SmolLM2-135M, 2-core CPU, time per step against
-# ungated, skipping and masked: keeping 2 of 3 groups at 2k context, 2,048 keys skipped, x1.144 and x1.135;
-# keeping 1 at 2k, 4,096 keys, x1.121 and x1.151; keeping 2 at 4k, 4,096 keys, x1.066 and x1.082; more keys,
-# skipping x0.91-1.00, masked x1.09-1.12). `patch(sparse=True)` always skips.
-SKIP_DECODE_KEYS = 4096
+# A single sequence's decode step skips the keys its dropped groups do not read (`_decode_one_token`): never
+# slower than one SDPA call over every group with each dropped head masked to its sink and window keys
+# (benchmarks/results/decode_sink_window_skipping.md, SmolLM2-135M, 2-core CPU). False: that masked call,
+# which `torch.compile` always runs (`benchmarks/decode.py` times both ways).
+SKIP_DECODE = True
 
 
-def _skipping_pays(block_patch, keep: torch.Tensor, num_groups: int, key_length: int) -> bool:
+def _skipping_pays() -> bool:
     """Whether this decode step of one token skips the keys its dropped groups do not read (never under
     `torch.compile`: choosing would sync with the host)."""
-    if torch.compiler.is_compiling():
-        return False
-    if block_patch.sparse:
-        return True
-    if (num_groups - 1) * key_length < SKIP_DECODE_KEYS:  # top-k keeps a group: no more can be dropped
-        return False
-    dropped_groups = num_groups - int(keep.view(num_groups, -1).amax(-1).count_nonzero())
-    return dropped_groups * key_length >= SKIP_DECODE_KEYS
+    return SKIP_DECODE and not torch.compiler.is_compiling()
 
 
 def _sink_and_window(key_length: int, sink: int, window: int, device) -> torch.Tensor:
@@ -366,6 +359,15 @@ def _sink_and_window(key_length: int, sink: int, window: int, device) -> torch.T
     return keys
 
 
+@lru_cache(maxsize=4)
+def _sink_and_window_positions(key_length: int, sink: int, window: int, device) -> torch.Tensor:
+    """The positions of `_sink_and_window`'s keys, `(s,)` int64; cached, since every layer of a decode step
+    asks for the same (made outside inference mode, so that a step with gradients may index with them)."""
+    with torch.inference_mode(False):
+        first = torch.arange(min(sink, key_length), device=device)
+        return torch.cat([first, torch.arange(max(sink, key_length - window), key_length, device=device)])
+
+
 def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | None, gate: torch.Tensor):
     """`attended: (B, L, H, D)`, where `keep: (B, L, H)` drops a head its `reads` (same shape) if any, gated
     -> `((B, L, H, D), None)`, the attention function's return."""
@@ -374,23 +376,65 @@ def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | Non
     return gate_heads(attended, gate), None
 
 
+def _read_positions(gate_module, attention_mask, key_length: int, device) -> torch.Tensor | None:
+    """The keys `(s,)` a dropped head of a one-token step reads (its sink and window keys); `None`: none."""
+    if not gate_module.dropped_reads_keys:
+        return None
+    sink, window = gate_module.top_k_sink, gate_module.top_k_window
+    if attention_mask is None:
+        return _sink_and_window_positions(key_length, sink, window, device)
+    allowed = allowed_keys(attention_mask, 1, key_length, False, device)  # (1, 1, 1, S)
+    return streaming_keys(allowed, sink, window)[0, 0, 0].nonzero().squeeze(1)
+
+
+def _one_token_in_one_call(query, key, value, attention_mask, selection, scaling, dropout):
+    """One query of one sequence, without host sync: query (1, H, 1, D), key/value (1, KV, S, D),
+    `selection = (gate, keep, gate module)` -> (1, 1, H, D), gated. One SDPA call over every head, a dropped
+    head masked to its sink and window keys or, when it reads nothing, gated to 0."""
+    gate, keep, gate_module = selection
+    heads_keys = attention_mask  # or (1, H, 1, S) bool: a kept head's keys as the mask allows them, a dropped
+    if gate_module.dropped_reads_keys:  # head's sink and window keys
+        sink, window, key_length = gate_module.top_k_sink, gate_module.top_k_window, key.shape[2]
+        kept_heads = keep.view(1, -1, 1, 1) > 0  # (1, H, 1, 1)
+        if attention_mask is None:
+            heads_keys = _sink_and_window(key_length, sink, window, query.device) | kept_heads
+        else:
+            allowed = allowed_keys(attention_mask, 1, key_length, False, query.device)  # (1, 1, 1, S)
+            heads_keys = torch.where(kept_heads, allowed, streaming_keys(allowed, sink, window))
+    attended = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=heads_keys, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # (1, H, 1, D)
+    return _gated(attended.transpose(1, 2), keep, None, gate)
+
+
 def _decode_one_token(block_patch, query, key, value, attention_mask, selection, scaling, dropout):
     """Decode of one sequence: query (1, H, 1, D), key/value (1, KV, S, D) -> (1, 1, H, D), gated. One SDPA
     call per run of consecutive kept groups (`enable_gqa`: each query head its own work item, so that the CPU
-    kernel spreads them over threads); the kept heads are stashed for the output projection. With
-    `streaming` (1, 1, 1, S) in `selection = (gate, keep, streaming)`, the dropped heads attend to those keys
-    only, gathered."""
-    gate, keep, streaming = selection
+    kernel spreads them over threads); the kept heads are stashed for the output projection. `selection =
+    (gate (1, 1, H, w), kept_heads: H bools, positions)`; with `positions` (s,), the dropped heads attend to
+    those keys only: one SDPA call of every head over them, whose kept heads are then overwritten."""
+    gate, kept_heads, positions = selection
     num_heads, num_groups = query.shape[1], key.shape[1]
     heads_per_group = num_heads // num_groups
-    kept_heads = (keep.flatten() > 0).tolist()  # (H,)
-    kept_groups = [
-        any(kept_heads[g * heads_per_group : (g + 1) * heads_per_group]) for g in range(num_groups)
-    ]
-    out = query.new_zeros(num_heads, value.shape[-1])
+    by_group = [kept_heads[g * heads_per_group : (g + 1) * heads_per_group] for g in range(num_groups)]
+    kept_groups = [any(heads) for heads in by_group]
+    if positions is None:
+        out = query.new_zeros(1, num_heads, 1, value.shape[-1])  # (1, H, 1, D): dropped heads give 0
+    else:
+        reads = F.scaled_dot_product_attention(
+            query,
+            key[:, :, positions],
+            value[:, :, positions],
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=True,
+        )  # (1, H, 1, D)
+        # a group kept for some of its heads only (top_k_unit="head"): its dropped heads keep their reads
+        partly_kept = any(any(heads) and not all(heads) for heads in by_group)
+        out = reads.clone() if partly_kept else reads
     for groups in _runs(kept_groups, 1):  # slices of group indices
         heads = slice(groups.start * heads_per_group, groups.stop * heads_per_group)
-        out[heads] = F.scaled_dot_product_attention(
+        out[:, heads] = F.scaled_dot_product_attention(
             query[:, heads],
             key[:, groups],
             value[:, groups],
@@ -398,21 +442,13 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, selection,
             dropout_p=dropout,
             scale=scaling,
             enable_gqa=True,
-        )[0, :, 0]  # (r * n, D)
-    if streaming is not None:
-        positions = streaming[0, 0, 0].nonzero().squeeze(1)  # (s,) the sink and window keys
-        window_out = F.scaled_dot_product_attention(
-            query,
-            key[:, :, positions],
-            value[:, :, positions],
-            dropout_p=dropout,
-            scale=scaling,
-            enable_gqa=True,
-        )[0, :, 0]  # (H, D)
-        out = torch.where(keep.reshape(-1, 1) == 0, window_out, out)  # (H, D): dropped heads read the window
+        )  # (1, r * n, 1, D)
+    if positions is not None:
+        if partly_kept:
+            out = torch.where(torch.tensor(kept_heads, device=out.device).view(1, -1, 1, 1), out, reads)
         kept_heads = [True] * num_heads  # every head has an output: the output projection needs them all
     block_patch.stash["kept_heads"] = kept_heads
-    return gate_heads(out.view(1, 1, num_heads, -1), gate), None
+    return gate_heads(out.transpose(1, 2), gate), None
 
 
 def _runs(kept: list[bool], width: int) -> list[slice]:
@@ -456,15 +492,12 @@ def _partial_output(module: nn.Linear, block_patch, head_dim: int, x: torch.Tens
     return out if module.bias is None else out + module.bias
 
 
-def _replaceable(module: nn.Module) -> bool:
-    """A plain `nn.Linear` whose `forward` nobody replaced (e.g. accelerate's offloading hooks)."""
-    return type(module) is nn.Linear and "forward" not in module.__dict__
-
-
 def prepare_block(block_patch) -> None:
-    """Give the block's query (a gate reading only its input, separate projection) and output projections the
-    partial single-token `forward`s above, on these instances only (`release_block` removes them): partials,
-    not closures, so that `copy.deepcopy(model)` gives the copy's projections the copy's modules."""
+    """Give the block's query (a gate reading only its input, separate projection) and output projections,
+    plain `nn.Linear`s, the partial single-token `forward`s above, on these instances only (`release_block`
+    removes them): as the `project` of their `InlineForward`, or as their `forward` where hooks run the gate
+    and nothing else replaced it (e.g. accelerate's offloading hooks). Partials, not closures, so that
+    `copy.deepcopy(model)` gives the copy's projections the copy's modules."""
     block, family = block_patch.block, block_patch.family
     gate = getattr(block, GATE_MODULE_NAME)
     num_heads, head_dim = gate.num_heads, gate.head_dim
@@ -474,7 +507,12 @@ def prepare_block(block_patch) -> None:
         replacements[family.query] = (_partial_query, num_heads, head_dim)
     for path, (forward, *sizes) in replacements.items():
         module = block.get_submodule(path)
-        if _replaceable(module):
+        if type(module) is not nn.Linear:
+            continue
+        inline = module.__dict__.get("forward")
+        if isinstance(inline, InlineForward) and inline.project is None:
+            inline.project = partial(forward, module, block_patch, *sizes)
+        elif inline is None:
             module.forward = partial(forward, module, block_patch, *sizes)
 
 
@@ -482,5 +520,11 @@ def release_block(block: nn.Module) -> None:
     """Remove the `forward`s `prepare_block` set in `block` (run by `unpatch`)."""
     for module in block.modules():
         forward = module.__dict__.get("forward")
-        if isinstance(forward, partial) and forward.func in (_partial_query, _partial_output):
+        if isinstance(forward, InlineForward) and _is_partial_projection(forward.project):
+            forward.project = None
+        elif _is_partial_projection(forward):
             del module.forward
+
+
+def _is_partial_projection(forward) -> bool:
+    return isinstance(forward, partial) and forward.func in (_partial_query, _partial_output)

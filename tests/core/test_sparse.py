@@ -5,6 +5,8 @@ and `generate`; and the dropped key/value groups' cache is never read at decode 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import transformers
@@ -14,6 +16,7 @@ from torch.nn import functional as F
 from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core import sparse
 from hf_gate_attention.core.gate import AttentionGate
+from hf_gate_attention.core.hooks import InlineForward, use_hooks
 
 # 6 query heads in 3 key/value groups of 2, so that top-1 and top-2 of the groups both drop something
 GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 8}
@@ -110,17 +113,24 @@ def test_prefill_reads_run_blocked_unless_they_cover_most_keys(monkeypatch, sele
 
 def _selections(model, inputs) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The top-k `keep` (B, L, H) of every gated block, in layer order, in one forward of `inputs`, and the
-    outputs of that forward."""
+    outputs of that forward (a single sequence's decode step selects on the host: `with_kept_heads`)."""
     kept = []
+
+    def on_host(*args, select, **kwargs):
+        gate, heads = select(*args, **kwargs)
+        kept.append(torch.tensor(heads, dtype=gate.dtype).view(1, 1, -1))
+        return gate, heads
+
     gates = [module for module in model.modules() if isinstance(module, AttentionGate)]
-    for gate in gates:  # an instance attribute over the method, deleted below
+    for gate in gates:  # instance attributes over the methods, deleted below
         gate.selection = lambda g, select=gate.selection: kept.append(select(g)) or kept[-1]
+        gate.with_kept_heads = partial(on_host, select=gate.with_kept_heads)
     try:
         with torch.no_grad():
             outputs = first_output(model(**inputs))
     finally:
         for gate in gates:
-            del gate.selection
+            del gate.selection, gate.with_kept_heads
     return kept, outputs
 
 
@@ -173,6 +183,22 @@ def test_generate_matches_masked_with_left_padding(architecture, cache, batch, d
     torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top2-kv_group", "top3-head"])
+def test_kept_heads_on_the_host_are_the_selection(selection, granularity):
+    """`with_kept_heads` (a single sequence's decode step) keeps the heads `with_selection` keeps, and gives
+    the gate values before the selection, on fresh random tokens."""
+    config = GateConfig(init="paper", granularity=granularity, **SELECTIONS[selection])
+    gate = AttentionGate(config, hidden_size=48, num_heads=6, num_kv_heads=3, head_dim=8)
+    for _ in range(20):
+        x = torch.randn(1, 1, 48)
+        values, kept_heads = gate.with_kept_heads(x=x)
+        expected_values, keep = gate.with_selection(x=x)
+        assert kept_heads == (keep.view(-1) > 0).tolist()
+        torch.testing.assert_close(values, torch.sigmoid(gate.logits(x)), rtol=0, atol=0)
+        torch.testing.assert_close(values * keep.unsqueeze(-1), expected_values, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     """One decode step, then the same step again with NaN in the cache of every group the step dropped (per
@@ -189,35 +215,39 @@ def test_decode_never_reads_the_cache_of_dropped_groups(batch):
 def test_decode_of_dropped_groups_reads_only_sink_and_window_keys(batch, length):
     """The same with `top_k_sink=2, top_k_window=3` and a 12- or 30-token prompt (long enough for the
     blocked reads of prefill): NaN in every cached position of a dropped group but the first 2 and the last
-    3 the step sees (its own key, written by the step, among them). `sparse=True`: a single sequence's step
-    skips those keys however few they are (`sparse.SKIP_DECODE_KEYS`)."""
+    3 the step sees (its own key, written by the step, among them)."""
     model = tiny_model("llama", **GQA)
     patch(model, init="paper", top_k=1, top_k_unit="kv_group", sparse=True, **STREAMING)
     prompt = tiny_inputs("llama", batch=batch, length=length)["input_ids"]
     _assert_decode_step_ignores_nan_outside(model, prompt, read_positions=[0, 1, length - 3, length - 2])
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("unit", ["top1-kv_group", "top2-head"])
 @pytest.mark.parametrize("reads", [STREAMING, {"top_k_sink": 2, "top_k_window": 40}], ids=["window", "all"])
-@pytest.mark.parametrize("skip_keys", [0, 10**9], ids=["skipping", "one-masked-call"])
-def test_single_sequence_decode_with_sink_and_window_skips_only_where_it_pays(monkeypatch, skip_keys, reads):
-    """`sparse=None`: a single sequence's decode step skips the keys its dropped groups do not read where
-    that skips at least `SKIP_DECODE_KEYS` keys, else runs one SDPA call with each dropped head masked to its
-    sink and window keys (all the keys, when these cover the cache); either way the masked reference's
-    tokens and scores."""
-    monkeypatch.setattr(sparse, "SKIP_DECODE_KEYS", skip_keys)
+@pytest.mark.parametrize("skip", [True, False], ids=["skipping", "one-masked-call"])
+def test_single_sequence_decode_with_sink_and_window_skips_the_keys_it_does_not_read(
+    monkeypatch, skip, reads, unit, cache
+):
+    """`sparse=None`: a single sequence's decode step skips the keys its dropped groups do not read, or with
+    `SKIP_DECODE` off runs one SDPA call with each dropped head masked to its sink and window keys (all the
+    keys, when these cover the cache); either way the masked reference's tokens and scores: groups kept
+    whole or (top-2 heads of 6) in part, without a mask (dynamic cache) and with one (static cache)."""
+    monkeypatch.setattr(sparse, "SKIP_DECODE", skip)
     skipping_steps = []
     decode_one_token = sparse._decode_one_token
     monkeypatch.setattr(
         sparse, "_decode_one_token", lambda *args: skipping_steps.append(1) or decode_one_token(*args)
     )
     model = tiny_model("llama", attn_implementation="sdpa", **GQA)
-    config = GateConfig(init="paper", top_k=1, top_k_unit="kv_group", **reads)
+    selection = SELECTIONS.get(unit, {"top_k": 2, "top_k_unit": "head"})
+    config = GateConfig(init="paper", **selection, **reads)
     inputs = tiny_inputs("llama", batch=1, length=9)
-    expected_tokens, expected_scores = _generate(model, config, inputs, False, "dynamic")
-    tokens, scores = _generate(model, config, inputs, None, "dynamic")
+    expected_tokens, expected_scores = _generate(model, config, inputs, False, cache)
+    tokens, scores = _generate(model, config, inputs, None, cache)
     assert torch.equal(tokens, expected_tokens)
     torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
-    assert bool(skipping_steps) == (skip_keys == 0)
+    assert bool(skipping_steps) == skip
 
 
 def _assert_decode_step_ignores_nan_outside(
@@ -251,17 +281,31 @@ def _assert_decode_step_ignores_nan_outside(
     torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
 
 
-def test_single_sequence_decode_projections_are_instance_level_and_removed_by_unpatch():
+@pytest.mark.parametrize("hooks", [False, True], ids=["inline", "hooks"])
+def test_single_sequence_decode_projections_are_instance_level_and_removed_by_unpatch(hooks):
+    """The partial query and output projections run as the `project` of the projections' `InlineForward`
+    or, where hooks run the gate (`use_hooks`, after patching again), as their instance `forward`."""
+
+    def partial_projection(module) -> bool:
+        forward = module.__dict__.get("forward")
+        return sparse._is_partial_projection(getattr(forward, "project", forward))
+
     model = tiny_model("llama", **GQA)
     attention = model.model.layers[0].self_attn
     patch(model, init="paper", top_k=1, top_k_unit="kv_group")
-    assert "forward" in attention.q_proj.__dict__ and "forward" in attention.o_proj.__dict__
+    if hooks:
+        use_hooks(model)
+        for block_patch in model._gate_attention_patches:
+            sparse.prepare_block(block_patch)
+    assert isinstance(attention.o_proj.__dict__["forward"], InlineForward) != hooks
+    assert partial_projection(attention.q_proj) and partial_projection(attention.o_proj)
     assert "forward" not in attention.k_proj.__dict__
     assert "forward" not in tiny_model("llama").model.layers[0].self_attn.q_proj.__dict__  # no class patch
     unpatch(model)
     assert not any("forward" in module.__dict__ for module in model.modules())
     patch(model, variant="qk", init="paper", top_k=1, top_k_unit="kv_group")  # qk needs every query
-    assert "forward" not in attention.q_proj.__dict__ and "forward" in attention.o_proj.__dict__
+    assert partial_projection(attention.o_proj)
+    assert getattr(attention.q_proj.__dict__["forward"], "project", None) is None
 
 
 def test_unpatch_restores_the_attention_implementation_and_outputs():
@@ -436,11 +480,10 @@ def _no_grad_logits(model, config: GateConfig, input_ids: torch.Tensor, sparse_m
 @pytest.mark.parametrize("sparse_mode", [None, True], ids=["sparse-none", "sparse-true"])
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 @pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
-def test_compiled_single_sequence_decode_has_no_graph_break(monkeypatch, selection, cache, sparse_mode):
+def test_compiled_single_sequence_decode_has_no_graph_break(selection, cache, sparse_mode):
     """`torch.compile(fullgraph=True)` of a decode step (one token, one sequence) traces without a graph
     break (no host sync: every head attends in one SDPA call) and gives the masked reference's logits, also
-    where the eager step would skip (`SKIP_DECODE_KEYS` 0) and with `sparse=True` (eager: always skips)."""
-    monkeypatch.setattr(sparse, "SKIP_DECODE_KEYS", 0)
+    where the eager step skips, with `sparse=None` and `sparse=True`."""
     torch._dynamo.reset()
     model = tiny_model("llama", attn_implementation="sdpa", **GQA)
     prompt = tiny_inputs("llama", batch=1, length=12)["input_ids"]

@@ -273,19 +273,20 @@ class _BlockPatch:
 
     def take_gate(self, kept_on_host: bool = False):
         """For an attention function that applies the gate itself: `(gate (B, L, H, w), keep (B, L, H) or
-        None)`, float32, `gate` already multiplied by `keep` (computed earlier by a projection that needed the
-        selection, if one stashed it as `gate`). `kept_on_host` (one token, top-k): `keep` as a list of H
-        bools instead, the gate not multiplied by it unless a projection computed it (`with_kept_heads`)."""
+        None)`, float32, `gate` already multiplied by `keep`. `kept_on_host` (one token, top-k): `(gate, the
+        H kept heads as bools)`, the gate not multiplied (`AttentionGate.with_kept_heads`), as a projection
+        that needed the selection computed it for one token (stashed as `gate`)."""
         inputs = self._take_inputs()
+        gate_module = self.gate()
         precomputed = self.stash.pop("gate", None)
-        if precomputed is not None:
-            gate, keep = precomputed
-            if kept_on_host:
-                keep = [kept > 0 for kept in keep.view(-1).tolist()]
-        elif kept_on_host:
-            gate, keep = self.gate().with_kept_heads(**inputs)
+        if precomputed is None:
+            select = gate_module.with_kept_heads if kept_on_host else gate_module.with_selection
+            gate, keep = select(**inputs)
         else:
-            gate, keep = self.gate().with_selection(**inputs)
+            gate, keep = precomputed
+            if not kept_on_host:  # the selection as `with_selection` gives it
+                keep = gate.new_tensor(keep).view(gate.shape[:-1])  # (1, 1, H)
+                gate = gate if gate_module.dropped_reads_keys else gate * keep.unsqueeze(-1)
         self.stash["fused"] = True
         return gate, keep
 

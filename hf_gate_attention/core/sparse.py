@@ -468,11 +468,10 @@ def _partial_query(module: nn.Linear, block_patch, num_heads: int, head_dim: int
     computed from the input first (stashed for the attention function) and only the kept heads' rows are
     projected."""
     block_patch.stash.pop("gate", None)
-    if x.shape[:-1].numel() != 1 or torch.compiler.is_compiling():  # (choosing rows would sync with the host)
+    if x.shape[:-1].numel() != 1 or not _skipping_pays():  # (under torch.compile: no host sync)
         return F.linear(x, module.weight, module.bias)
-    gate, keep = block_patch.gate().with_selection(x=x)
-    block_patch.stash["gate"] = (gate, keep)
-    kept = (keep.flatten() > 0).tolist()
+    gate, kept = block_patch.gate().with_kept_heads(x=x)
+    block_patch.stash["gate"] = (gate, kept)
     if all(kept):
         return F.linear(x, module.weight, module.bias)
     out = x.new_zeros(*x.shape[:-1], num_heads * head_dim)

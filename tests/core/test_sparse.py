@@ -199,6 +199,27 @@ def test_kept_heads_on_the_host_are_the_selection(selection, granularity):
         torch.testing.assert_close(values * keep.unsqueeze(-1), expected_values, rtol=0, atol=0)
 
 
+def test_a_selection_the_query_projection_made_on_the_host_serves_every_attention_path():
+    """After the partial query projection selected on the host (`with_kept_heads`, stashed as `gate`),
+    `take_gate()` gives what `with_selection` gives (an attention call that does not take the one-token
+    path) and `take_gate(kept_on_host=True)` the kept heads as bools."""
+    model = tiny_model("llama", **GQA)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group")
+    block_patch = model._gate_attention_patches[0]
+    gate = block_patch.gate()
+    for kept_on_host in (False, True):
+        x = torch.randn(1, 1, 48)
+        block_patch.stash.update(x=x, gate=gate.with_kept_heads(x=x))
+        values, keep = block_patch.take_gate(kept_on_host=kept_on_host)
+        expected_values, expected_keep = gate.with_selection(x=x)
+        if kept_on_host:
+            assert keep == (expected_keep.view(-1) > 0).tolist()
+            torch.testing.assert_close(values * expected_keep.unsqueeze(-1), expected_values, rtol=0, atol=0)
+        else:
+            torch.testing.assert_close(keep, expected_keep, rtol=0, atol=0)
+            torch.testing.assert_close(values, expected_values, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decode_never_reads_the_cache_of_dropped_groups(batch):
     """One decode step, then the same step again with NaN in the cache of every group the step dropped (per

@@ -152,11 +152,19 @@ class _BlockPatch:
         self._reattach()
 
     def use_hooks(self) -> None:
-        """Run this block's gate from hooks again (`use_hooks`)."""
+        """Run this block's gate from hooks again (`use_hooks`); a projection's `InlineForward.project`
+        becomes its instance `forward`."""
+        projects = {}
+        for module, _ in self.hooked.values():
+            inline = module.__dict__.get("forward")
+            if isinstance(inline, InlineForward) and inline.project is not None:
+                projects[module] = inline.project
         self.inline = False
         self.block_handle.remove()
         self.block_handle = self._hook_block()
         self._reattach()
+        for module, project in projects.items():
+            module.forward = project
 
     def _reattach(self) -> None:
         """Take everything off the projections and attach it again as the patch's settings now say."""

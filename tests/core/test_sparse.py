@@ -5,6 +5,7 @@ and `generate`; and the dropped key/value groups' cache is never read at decode 
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import pytest
@@ -305,7 +306,7 @@ def _assert_decode_step_ignores_nan_outside(
 @pytest.mark.parametrize("hooks", [False, True], ids=["inline", "hooks"])
 def test_single_sequence_decode_projections_are_instance_level_and_removed_by_unpatch(hooks):
     """The partial query and output projections run as the `project` of the projections' `InlineForward`
-    or, where hooks run the gate (`use_hooks`, after patching again), as their instance `forward`."""
+    or, where hooks run the gate (`use_hooks`), as their instance `forward`."""
 
     def partial_projection(module) -> bool:
         forward = module.__dict__.get("forward")
@@ -316,8 +317,6 @@ def test_single_sequence_decode_projections_are_instance_level_and_removed_by_un
     patch(model, init="paper", top_k=1, top_k_unit="kv_group")
     if hooks:
         use_hooks(model)
-        for block_patch in model._gate_attention_patches:
-            sparse.prepare_block(block_patch)
     assert isinstance(attention.o_proj.__dict__["forward"], InlineForward) != hooks
     assert partial_projection(attention.q_proj) and partial_projection(attention.o_proj)
     assert "forward" not in attention.k_proj.__dict__
@@ -327,6 +326,31 @@ def test_single_sequence_decode_projections_are_instance_level_and_removed_by_un
     patch(model, variant="qk", init="paper", top_k=1, top_k_unit="kv_group")  # qk needs every query
     assert partial_projection(attention.o_proj)
     assert getattr(attention.q_proj.__dict__["forward"], "project", None) is None
+
+
+def test_a_deep_copy_decodes_with_its_own_projections_and_unpatches_alone():
+    """`copy.deepcopy` of a sparse patch: the copy's partial projections belong to the copy's modules and
+    block patches, its decode step gives the original's logits, and unpatching it leaves the original
+    patched and unchanged."""
+    model = tiny_model("llama", **GQA)
+    patch(model, init="paper", top_k=1, top_k_unit="kv_group")
+    copied = copy.deepcopy(model)
+    output = copied.model.layers[0].self_attn.o_proj
+    project = output.__dict__["forward"].project
+    assert project.args[0] is output and project.args[1] is copied._gate_attention_patches[0]
+    prompt = tiny_inputs("llama", batch=1, length=10)["input_ids"]
+
+    def decode_step(side):
+        cache = transformers.DynamicCache(config=side.config)
+        with torch.no_grad():
+            side(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+            return side(input_ids=prompt[:, -1:], past_key_values=cache, use_cache=True).logits
+
+    expected = decode_step(model)
+    torch.testing.assert_close(decode_step(copied), expected, rtol=0, atol=0)
+    unpatch(copied)
+    assert not any("forward" in module.__dict__ for module in copied.modules())
+    torch.testing.assert_close(decode_step(model), expected, rtol=0, atol=0)
 
 
 def test_unpatch_restores_the_attention_implementation_and_outputs():

@@ -645,13 +645,19 @@ def test_the_real_text_long_documents_as_quoted():
     assert ratio(at["1,024"][dense]) < 1 and all(ratio(at[t][dense]) > 1 for t in ("2,048", "4,096", "8,064"))
     gated = sorted(ratio(by[t, "output-headwise"][speedup]) for t in at)
     assert says(REPO / "docs" / "sparse.md", f"The dense gate is x{gated[0]} to x{gated[-1]} per summary")
-    top1_1k, dense_1k = at["1,024"], by["1,024", "output-headwise"]
+    [rows_1k] = [
+        r
+        for r in tables(read(BENCHMARKS / "long_document_trained_text_1k.md"))
+        if r and "+18 % claim" in r[0]
+    ]
+    top1_1k, dense_1k = ({row["case"]: row for row in rows_1k}[case] for case in (top1, "output-headwise"))
     assert says(
         REPO / "docs" / "sparse.md",
-        f"its decode is now level with the dense gate's ({top1_1k['decode ratio']} and "
-        f"{dense_1k['decode ratio']} the ungated time) and its prefill is not "
-        f"({top1_1k['prefill ratio']} and {dense_1k['prefill ratio']})",
+        f"put it at {top1_1k[dense]} of the dense gate, slower in every round: prefill "
+        f"{top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the ungated time, "
+        f"decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
     )
+    assert re.fullmatch(r"x\S+ \[\S+, 0\.\d+\]", top1_1k[dense])  # the highest round below 1
 
 
 def test_the_compiled_sparse_decode_as_quoted():

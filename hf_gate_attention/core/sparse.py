@@ -19,9 +19,10 @@ then the gate.
   gather like through the masked reference.
 - With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
   (`streaming.blocked_streaming_attention`), or through their mask where that does not apply.
-- Decode of a single sequence (batch 1, one token): the query projection computes only the rows of the kept
-  heads (variant `output`: its gate, computed from the projection's input, comes first) and the output
-  projection only their columns (`prepare_block`; plain `nn.Linear` projections only).
+- Decode of a single sequence (batch 1, one token): the top-k selection is made on the host
+  (`AttentionGate.with_kept_heads`), the query projection computes only the rows of the kept heads (variant
+  `output`: its gate, computed from the projection's input, comes first) and the output projection only
+  their columns (`prepare_block`; plain `nn.Linear` projections only).
 - Under `torch.compile`, that decode step syncs nothing with the host (no graph break, `fullgraph=True`
   works): every head attends in one SDPA call, a dropped head masked to its sink and window keys or, when it
   reads nothing, gated to 0 (the masked reference's work, without its host dispatch).

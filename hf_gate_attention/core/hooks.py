@@ -266,7 +266,7 @@ class _BlockPatch:
         """Gate `values: (..., G*D)` with the gate computed from `inputs` (or given as `logits`), on this
         patch's backend."""
         gate = self.block._modules[GATE_MODULE_NAME]  # `self.gate()`, one call fewer per layer and token
-        if self.inline and gate.top_k is None and type(gate) is AttentionGate and called_bare(gate):
+        if self.inline and type(gate) is AttentionGate and gate.top_k is None and called_bare(gate):
             return gate.gated(values, **inputs)
         if self.gate_multiply is not None:
             logits, keep = gate(**inputs, logits_only=True)

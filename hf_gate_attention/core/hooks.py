@@ -285,16 +285,16 @@ class _BlockPatch:
         H kept heads as bools)`, the gate not multiplied (`AttentionGate.with_kept_heads`), as a projection
         that needed the selection computed it for one token (stashed as `gate`)."""
         inputs = self._take_inputs()
-        gate_module = self.gate()
         precomputed = self.stash.pop("gate", None)
         if precomputed is None:
+            gate_module = self.gate()
             select = gate_module.with_kept_heads if kept_on_host else gate_module.with_selection
             gate, keep = select(**inputs)
         else:
             gate, keep = precomputed
             if not kept_on_host:  # the selection as `with_selection` gives it
                 keep = gate.new_tensor(keep).view(gate.shape[:-1])  # (1, 1, H)
-                gate = gate if gate_module.dropped_reads_keys else gate * keep.unsqueeze(-1)
+                gate = gate if self.gate().dropped_reads_keys else gate * keep.unsqueeze(-1)
         self.stash["fused"] = True
         return gate, keep
 

@@ -165,29 +165,30 @@ def sparse_attention_forward(
     # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
     # gathered, they would need their mask rows, which cost more than all rows causal (x1.8 to x7.0 on CPU:
     # benchmarks/results/sparse_prefill.md)
-    unmasked_prompt = (
+    all_rows = (
         streaming is None
         and causal
         and query_length > 1
         and attention_mask is None
         and dropout == 0.0
-        and not _needs_grad(query, key, value)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
     )
-    in_blocks = None  # (B, KV): the groups whose kept rows the blocks serve faster than one causal call
-    if unmasked_prompt and _blocks_apply(query, key, value, attention_mask, causal, dropout):
+    if all_rows and _blocks_apply(query, key, value):
         rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
+        # (B, KV): the groups whose kept rows the blocks serve faster than one causal call over every row
         in_blocks = [
             [count + BLOCK_ROWS <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group
         ]
-    if in_blocks is not None and any(map(any, in_blocks)):
-        attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks)
-        return _gated(attended, keep, reads, gate)
-    rows_per_group = None if unmasked_prompt else group_rows.sum(1).tolist()  # (B, KV) one host sync
-    # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
-    # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
-    if unmasked_prompt or (
-        streaming is None and all(2 * count > query_length for counts in rows_per_group for count in counts)
-    ):
+        if any(map(any, in_blocks)):
+            attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks)
+            return _gated(attended, keep, reads, gate)
+    if not all_rows:
+        rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
+        # a group kept by most rows runs on all of them: the causal kernel over every row beats gathering rows
+        # with their mask rows (a dropped head's output is then replaced by its reads or gated to 0)
+        most = [2 * count > query_length for counts in rows_per_group for count in counts]
+        all_rows = streaming is None and all(most)
+    if all_rows:
         attended, _ = sdpa_attention_forward(
             module,
             query,
@@ -262,19 +263,11 @@ BLOCKS_PAY = 0.8
 CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _needs_grad(query, key, value) -> bool:
-    """Whether this attention call records gradients."""
-    return torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-
-
-def _blocks_apply(query, key, value, attention_mask, causal: bool, dropout: float) -> bool:
-    """Whether `_kept_rows_in_blocks` serves this call (CPU, causal, no mask, no dropout, no gradient)."""
+def _blocks_apply(query, key, value) -> bool:
+    """Whether `_kept_rows_in_blocks` serves a causal prompt without mask, dropout or gradient (CPU, the
+    private op, from `BLOCKED_MIN_KEYS` keys)."""
     return (
-        causal
-        and attention_mask is None
-        and dropout == 0.0
-        and not _needs_grad(query, key, value)
-        and query.device.type == "cpu"
+        query.device.type == "cpu"
         and CPU_FLASH is not None
         and key.shape[2] >= BLOCKED_MIN_KEYS
         and value.shape[-1] == query.shape[-1]
@@ -365,8 +358,11 @@ def _sink_and_window_positions(key_length: int, sink: int, window: int, device) 
     """The positions of `_sink_and_window`'s keys, `(s,)` int64; cached, since every layer of a decode step
     asks for the same (made outside inference mode, so that a step with gradients may index with them)."""
     with torch.inference_mode(False):
-        first = torch.arange(min(sink, key_length), device=device)
-        return torch.cat([first, torch.arange(max(sink, key_length - window), key_length, device=device)])
+        first = min(sink, key_length)
+        window_start = max(first, key_length - window)
+        return torch.cat(
+            [torch.arange(first, device=device), torch.arange(window_start, key_length, device=device)]
+        )
 
 
 def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | None, gate: torch.Tensor):
@@ -432,7 +428,9 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, selection,
         )  # (1, H, 1, D)
         # a group kept for some of its heads only (top_k_unit="head"): its dropped heads keep their reads
         partly_kept = any(any(heads) and not all(heads) for heads in by_group)
-        out = reads.clone() if partly_kept else reads
+        # the kept heads are written in place: into a copy where `reads` is still needed (its own backward,
+        # or the where below)
+        out = reads.clone() if partly_kept or reads.requires_grad else reads
     for groups in _runs(kept_groups, 1):  # slices of group indices
         heads = slice(groups.start * heads_per_group, groups.stop * heads_per_group)
         out[:, heads] = F.scaled_dot_product_attention(

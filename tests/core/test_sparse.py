@@ -184,6 +184,32 @@ def test_generate_matches_masked_with_left_padding(architecture, cache, batch, d
     torch.testing.assert_close(scores, expected_scores, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
+def test_decode_step_with_gradients_matches_masked_forward_and_backward(bare, selection):
+    """A single sequence's decode step on an 11-token cache, with gradients (the eager skipping path:
+    host selection, gathered reads, kept groups' calls, partial projections): outputs and every parameter's
+    gradient as the masked reference's, bare model and task head."""
+    prompt = tiny_inputs("llama", batch=1, length=12)["input_ids"]
+    results = []
+    for sparse_mode in (False, None):
+        model = tiny_model("llama", attn_implementation="sdpa", bare=bare, **GQA).train()
+        torch.manual_seed(7)
+        patch(model, GateConfig(init="paper", **SELECTIONS[selection]), backend="torch", sparse=sparse_mode)
+        cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)
+        out = first_output(model(input_ids=prompt[:, -1:], past_key_values=cache, use_cache=True))
+        out.square().sum().backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        results.append((out.detach(), grads))
+    (expected, expected_grads), (out, grads) = results
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("attn_gate" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("granularity", ["headwise", "elementwise"])
 @pytest.mark.parametrize("selection", ["top1-kv_group", "top2-kv_group", "top3-head"])
 def test_kept_heads_on_the_host_are_the_selection(selection, granularity):
@@ -552,17 +578,19 @@ def test_compiled_single_sequence_decode_has_no_graph_break(selection, cache, sp
     torch.testing.assert_close(logits[sparse_mode], logits[False], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
 @pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
-def test_compiled_single_token_matches_masked_forward_and_backward(bare, selection):
-    """The compiled one-token path (one sequence, one query) with gradients: outputs and every parameter's
-    gradient as the masked reference's, bare model and task head."""
+def test_single_token_matches_masked_forward_and_backward(bare, selection, compiled):
+    """The one-token path (one sequence, one query) with gradients, compiled (one SDPA call) and eager (the
+    host selection, the gathered reads and the kept groups' calls): outputs and every parameter's gradient
+    as the masked reference's, bare model and task head."""
     torch._dynamo.reset()
     model = tiny_model("llama", attn_implementation="sdpa", bare=bare, **GQA).train()
     inputs = {"input_ids": tiny_inputs("llama", batch=1, length=1)["input_ids"]}
     config = GateConfig(init="paper", **SELECTIONS[selection])
     expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)
-    out, grads, _ = _run(model, config, inputs, sparse_mode=None, compiled=True)
+    out, grads, _ = _run(model, config, inputs, sparse_mode=None, compiled=compiled)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     assert grads.keys() == expected_grads.keys() and any("attn_gate" in name for name in grads)
     for name, grad in grads.items():

@@ -5,11 +5,16 @@ random queries, keys and values, and a random top-k of the 3 groups per query ro
 
 - `causal SDPA, every row`: what a dense gate (or no gate) runs; the baseline.
 - `kept rows in blocks, top-k of 3`: `core/sparse.py`'s `_kept_rows_in_blocks`, the path of prefill without
-  gradients: per group and block of rows, two unmasked SDPA calls merged by their log-sum-exp.
+  gradients: per group and block of rows, the kept rows in two SDPA calls (unmasked over the keys every row
+  of the block sees, masked over the rest) merged by their log-sum-exp.
 - `kept rows gathered with their mask, top-k of 3`: per group, SDPA over the gathered kept rows with their
   rows of the causal mask; the path of training and padded batches, and of prefill before the blocks.
 - `sink 4 + window 64 reads, every row`: `streaming.blocked_streaming_attention`, what the dropped groups
   read with `top_k_sink=4, top_k_window=64`.
+- `top-k of 3, sink 4 + window 64: reads, kept rows in blocks merged`: the whole prefill attention of such a
+  layer: the reads with their log-sum-exp, then the kept rows over their other keys only, merged.
+- `top-k of 3, sink 4 + window 64: reads, causal SDPA over every row`: the same layer where the blocks do not
+  serve it (and before they did): the reads beside the causal call.
 - `SDPA over the reads' blocks, bool mask per group` / `..., additive mask shared by groups`: one SDPA call
   in the layout of those reads (the 3 groups x blocks of 64 rows x 3 heads against 132 keys), with the mask
   as a bool tensor expanded to every group or as one additive tensor broadcast over them (what the reads
@@ -57,7 +62,7 @@ def attention_inputs(length: int, generator: torch.Generator) -> dict:
     query = torch.randn(1, HEADS, length, HEAD_DIM, generator=generator)
     key, value = (torch.randn(1, GROUPS, length, HEAD_DIM, generator=generator) for _ in range(2))
     scores = torch.rand(1, length, GROUPS, generator=generator)
-    kept = {}
+    kept = {}  # top-k -> (1, L, KV) bool
     for top_k in (1, 2):
         rows = torch.zeros(1, length, GROUPS, dtype=torch.bool)
         kept[top_k] = rows.scatter(-1, scores.topk(top_k, dim=-1).indices, True)
@@ -99,17 +104,28 @@ def cases_at(length: int, generator: torch.Generator) -> dict:
     q, k, v, kept = a["query"], a["key"], a["value"], a["kept"]
     b = block_mask_inputs(length, generator)
     flat = {name: b[name].flatten(0, 1)[None] for name in ("rows", "key", "value")}  # (1, KV*nb, ., D)
-    cases = {BASELINE: lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)}
+    causal = partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, enable_gqa=True)
+    reads = partial(blocked_streaming_attention, q, k, v, None, True, SINK, WINDOW)
+    cases = {BASELINE: causal}
+    in_blocks = [[True] * GROUPS]
     for top_k in (2, 1):
         cases[f"kept rows in blocks, top-{top_k} of 3"] = partial(
-            _kept_rows_in_blocks, q, k, v, kept[top_k], None
+            _kept_rows_in_blocks, q, k, v, kept[top_k], None, in_blocks
         )
         cases[f"kept rows gathered with their mask, top-{top_k} of 3"] = partial(
             gathered_with_mask, q, k, v, kept[top_k]
         )
-    cases[f"sink {SINK} + window {WINDOW} reads, every row"] = partial(
-        blocked_streaming_attention, q, k, v, None, True, SINK, WINDOW
-    )
+    cases[f"sink {SINK} + window {WINDOW} reads, every row"] = reads
+
+    def reads_and_kept_rows(top_k: int):
+        attended, lse = reads(lse=True)  # (1, H, L, D), (1, H, L)
+        read_keys = (attended.transpose(1, 2), lse.transpose(1, 2), SINK, WINDOW)
+        return _kept_rows_in_blocks(q, k, v, kept[top_k], None, in_blocks, read_keys)
+
+    for top_k in (2, 1):
+        streaming = f"top-{top_k} of 3, sink {SINK} + window {WINDOW}"
+        cases[f"{streaming}: reads, kept rows in blocks merged"] = partial(reads_and_kept_rows, top_k)
+        cases[f"{streaming}: reads, causal SDPA over every row"] = lambda: (reads(), causal())
     cases["SDPA over the reads' blocks, bool mask per group"] = lambda: F.scaled_dot_product_attention(
         flat["rows"], flat["key"], flat["value"], attn_mask=b["bool"]
     )
@@ -151,7 +167,7 @@ def measure(length: int, rounds: int, generator: torch.Generator) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds per length, after a warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch CPU threads")
     parser.add_argument("--out", default="benchmarks/results/sparse_prefill", help="writes <out>.csv/.md")

@@ -536,31 +536,59 @@ def test_the_prefill_and_training_costs_as_quoted():
 def test_the_sparse_prefill_attention_as_quoted():
     [rows] = [r for r in tables(read(BENCHMARKS / "sparse_prefill.md")) if r and "ratio [rounds]" in r[0]]
     by = {(row["keys"], row["case"]): row for row in rows}
+    lengths = ("1,024", "2,048", "4,096", "8,192")
 
-    def cases(prefix: str) -> list[Decimal]:
-        return sorted(ratio(row["ratio [rounds]"]) for row in rows if row["case"].startswith(prefix))
+    def cases(prefix: str) -> list[Decimal]:  # 1k to 8k keys
+        return sorted(
+            ratio(row["ratio [rounds]"])
+            for row in rows
+            if row["case"].startswith(prefix) and row["keys"] in lengths
+        )
+
+    def at(keys: str, case: str) -> str:  # the ratio as the table gives it, three decimals
+        return first(by[keys, case]["ratio [rounds]"])
 
     gathered, blocks = cases("kept rows gathered"), cases("kept rows in blocks")
     sparse, code = REPO / "docs" / "sparse.md", REPO / "hf_gate_attention" / "core" / "sparse.py"
-    at = {  # (keys, kept groups) -> the blocks' ratio, three decimals
-        (keys, k): first(by[keys, f"kept rows in blocks, top-{k} of 3"]["ratio [rounds]"])
-        for keys in ("2,048", "4,096", "8,192")
-        for k in (1, 2)
-    }
+    blocked = {(keys, k): at(keys, f"kept rows in blocks, top-{k} of 3") for keys in lengths for k in (1, 2)}
     assert says(
         sparse,
         f"took x{gathered[0]:.1f} to x{gathered[-1]:.1f} the time of the causal call over every row, the "
         f"blocks x{blocks[0]:.2f} to x{blocks[-1]:.2f}",
     )
+    quoted = (
+        f"keeping 1 of 3 groups the blocks take {blocked['1,024', 1]} the causal call's time at 1k and "
+        f"{blocked['8,192', 1]} at 8k, keeping 2 of 3 {blocked['1,024', 2]} at 1k and "
+        f"{blocked['8,192', 2]} at 8k"
+    )
+    assert says(sparse, quoted)
+    merged, beside = (
+        {
+            (keys, k): at(keys, f"top-{k} of 3, sink 4 + window 64: reads, {way}")
+            for keys in lengths
+            for k in (1, 2)
+        }
+        for way in ("kept rows in blocks merged", "causal SDPA over every row")
+    )
     assert says(
         sparse,
-        f"keeping 1 of 3 groups the blocks take {at['2,048', 1]} the causal call's time at 2k and "
-        f"{at['8,192', 1]} at 8k, keeping 2 of 3 {at['4,096', 2]} at 4k and {at['8,192', 2]} at 8k",
+        f"the whole layer (reads, kept rows, merge) takes {merged['1,024', 1]} of the causal call at 1k and "
+        f"{merged['8,192', 1]} at 8k keeping 1 of 3, {merged['1,024', 2]} and {merged['8,192', 2]} keeping 2 "
+        f"of 3, where the reads beside one causal call take {beside['1,024', 1]} and {beside['8,192', 1]}",
     )
+    assert all(ratio(merged[key]) < ratio(beside[key]) for key in merged)
+    short = at("512", "kept rows in blocks, top-2 of 3")
+    assert says(sparse, f"At 512 keys keeping 2 of 3 without reads the blocks took {short}")
     comment = flat(re.sub(r"\n\s*# ", " ", read(code)))  # the comment lines joined
     assert flat(f"took x{gathered[0]:.1f} to x{gathered[-1]:.1f} the time of the causal call") in comment
-    shares = f"share 0.92, {at['2,048', 2]}; 4k, 0.79, {at['4,096', 2]}; 2k keeping 1, 0.58, {at['2,048', 1]}"
-    assert flat(shares) in comment
+    assert (
+        flat(
+            f"keeping 1 of 3 groups, {blocked['1,024', 1]} at 1k and {blocked['8,192', 1]} at 8k keys, "
+            f"keeping 2 of 3 {blocked['1,024', 2]} and {blocked['8,192', 2]}"
+        )
+        in comment
+    )
+    assert flat(f"at 512 keys keeping 2 of 3 the blocks took {short}") in comment
     ms = {key: Decimal(row["ms"]) for key, row in by.items()}
     mask_ratios = sorted(
         ms[keys, "SDPA over the reads' blocks, bool mask per group"]
@@ -653,11 +681,11 @@ def test_the_real_text_long_documents_as_quoted():
     top1_1k, dense_1k = ({row["case"]: row for row in rows_1k}[case] for case in (top1, "output-headwise"))
     assert says(
         REPO / "docs" / "sparse.md",
-        f"put it at {top1_1k[dense]} of the dense gate, slower in every round: prefill "
-        f"{top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the ungated time, "
-        f"decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
+        f"put it at {top1_1k[dense]} of the dense gate, faster in the median though not in every round: "
+        f"prefill {top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the ungated "
+        f"time, decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
     )
-    assert re.fullmatch(r"x\S+ \[\S+, 0\.\d+\]", top1_1k[dense])  # the highest round below 1
+    assert ratio(top1_1k[dense]) > 1 and re.fullmatch(r"x\S+ \[0\.\d+, \S+\]", top1_1k[dense])
 
 
 def test_the_compiled_sparse_decode_as_quoted():

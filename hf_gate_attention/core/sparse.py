@@ -11,14 +11,15 @@ then the gate.
   with `top_k_unit="kv_group"` and `top_k=1` of 3 groups, 1/3 of the cache. With `top_k_sink/top_k_window`,
   the dropped groups read only their sink and window keys, gathered.
 - Prefill without gradients of unpadded sequences (causal, no mask) from `BLOCKED_MIN_KEYS` keys: the kept
-  rows of each group attend in blocks of rows, without a mask (`_kept_rows_in_blocks`); shorter such
+  rows of each group attend in blocks of rows, merged by log-sum-exp (`_kept_rows_in_blocks`); shorter such
   prompts, and groups the blocks do not pay for, run one causal SDPA call over every row.
 - Otherwise (training, padding, non-causal attention): a group that more than half the rows keep runs on
   all rows (one SDPA call for the layer when every group does); otherwise the kept query rows of each group
   are gathered, with their rows of the causal, padding or sliding-window mask. Gradients flow through the
   gather like through the masked reference.
 - With `top_k_sink`/`top_k_window`, the dropped heads' reads are computed blocked
-  (`streaming.blocked_streaming_attention`), or through their mask where that does not apply.
+  (`streaming.blocked_streaming_attention`), or through their mask where that does not apply. In the blocked
+  prefill above, a kept row attends only to the keys beyond its reads and merges the two.
 - Decode of a single sequence (batch 1, one token): the top-k selection is made on the host
   (`AttentionGate.with_kept_heads`), the query projection computes only the rows of the kept heads (variant
   `output`: its gate, computed from the projection's input, comes first) and the output projection only
@@ -43,7 +44,7 @@ from torch.nn import functional as F
 
 from .gate import gate_heads
 from .hooks import GATE_MODULE_NAME, InlineForward, block_patch_of
-from .streaming import allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
+from .streaming import CPU_FLASH, allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
 from .variants import GATE_VARIANTS, names_where
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
@@ -144,43 +145,45 @@ def sparse_attention_forward(
         return _one_token_in_one_call(
             query, key, value, attention_mask, (gate, keep, gate_module), scaling, dropout
         )
+    # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
+    # gathered, they would need their mask rows, which cost more than all rows causal (x1.0 to x5.0 on CPU:
+    # benchmarks/results/sparse_prefill.md)
+    unmasked_prompt = (
+        causal
+        and query_length > 1
+        and attention_mask is None
+        and dropout == 0.0
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+    )
+    blocks = unmasked_prompt and _blocks_apply(query, key, value)
     streaming = None  # the keys a dropped head still reads, bool (B or 1, 1, L, S); None: none
-    reads = None  # or what every head gives reading only those keys, (B, L, H, D)
+    reads = reads_lse = None  # or what every head gives reading only those keys, (B, L, H, D), and (B, L, H)
     if gate_module.dropped_reads_keys:
         sink, window = gate_module.top_k_sink, gate_module.top_k_window
         allowed = None  # (B or 1, 1, L, S) bool; None: no mask (the blocked reads need none)
         if attention_mask is not None:
             allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
         reads = blocked_streaming_attention(
-            query, key, value, allowed, causal, sink, window, scaling, dropout
+            query, key, value, allowed, causal, sink, window, scaling, dropout, lse=blocks
         )
         if reads is None:
             if allowed is None:
                 allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
             streaming = streaming_keys(allowed, sink, window)
+        elif blocks:
+            reads, reads_lse = reads[0].transpose(1, 2), reads[1].transpose(1, 2)
         else:
             reads = reads.transpose(1, 2)
     kept_by_group = keep.unflatten(-1, (num_groups, heads_per_group))  # (B, L, KV, n)
     group_rows = kept_by_group.amax(-1) > 0  # (B, L, KV): rows keeping a head of the group
-    # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
-    # gathered, they would need their mask rows, which cost more than all rows causal (x1.8 to x7.0 on CPU:
-    # benchmarks/results/sparse_prefill.md)
-    all_rows = (
-        streaming is None
-        and causal
-        and query_length > 1
-        and attention_mask is None
-        and dropout == 0.0
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
-    )
-    if all_rows and _blocks_apply(query, key, value):
+    all_rows = unmasked_prompt and streaming is None
+    if all_rows and blocks:
         rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
         # (B, KV): the groups whose kept rows the blocks serve faster than one causal call over every row
-        in_blocks = [
-            [count + BLOCK_ROWS <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group
-        ]
+        in_blocks = [[count <= BLOCKS_PAY * query_length for count in counts] for counts in rows_per_group]
         if any(map(any, in_blocks)):
-            attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks)
+            read_keys = None if reads is None else (reads, reads_lse, sink, window)
+            attended = _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks, read_keys)
             return _gated(attended, keep, reads, gate)
     if not all_rows:
         rows_per_group = group_rows.sum(1).tolist()  # (B, KV) one host sync per layer
@@ -248,19 +251,16 @@ def sparse_attention_forward(
 
 
 # A prefill without gradients of a causal batch without padding (transformers then passes no mask) whose keys
-# reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows, with
-# no mask: on CPU, SDPA over the gathered kept rows with their mask rows took x1.8 to x7.0 the time of the
-# causal call over every row, the blocks x0.60 to x1.28 (benchmarks/results/sparse_prefill.md, 1k to 8k
-# keys). Their work relative to the causal call is about `kept rows / L + BLOCK_ROWS / L`; a group whose share
-# exceeds BLOCKS_PAY runs the causal call over all its rows instead (a layer where no group is under it, the
-# all-rows rule below: one call). Measured: 2k keys keeping 2 of 3 groups, share 0.92, x1.085; 4k, 0.79,
-# x0.937; 2k keeping 1, 0.58, x0.897; below 2k keys the blocks never paid.
+# reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows
+# (`_kept_rows_in_blocks`): on CPU, SDPA over the gathered kept rows with a mask row each over every key took
+# x1.0 to x5.0 the time of the causal call over every row, the blocks, keeping 1 of 3 groups, x0.556 at 1k
+# and x0.417 at 8k keys, keeping 2 of 3 x0.950 and x0.785 (benchmarks/results/sparse_prefill.md): 1.2 to 1.7
+# times the kept rows' share of the causal call. A group kept by more than BLOCKS_PAY of the rows runs the
+# causal call over all its rows instead (a layer where no group is under it, the all-rows rule below: one
+# call); at 512 keys keeping 2 of 3 the blocks took x1.077, hence BLOCKED_MIN_KEYS.
 BLOCK_ROWS = 512
-BLOCKED_MIN_KEYS = 2048
-BLOCKS_PAY = 0.8
-# CPU SDPA that also returns the log-sum-exp the blocks merge by: a private op of torch (tested on 2.13);
-# where a torch lacks it, prefill keeps the all-rows rule
-CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+BLOCKED_MIN_KEYS = 1024
+BLOCKS_PAY = 0.7
 
 
 def _blocks_apply(query, key, value) -> bool:
@@ -274,62 +274,94 @@ def _blocks_apply(query, key, value) -> bool:
     )
 
 
-def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks=None):
+def _kept_rows_in_blocks(query, key, value, group_rows, scaling, in_blocks, reads=None):
     """Causal attention of the query rows that keep each key/value group, skipping the rows that drop it:
-    query (B, H, L, D), key/value (B, KV, S, D) (query `i` at key position `S - L + i`), `group_rows:
-    (B, L, KV)` bool -> (B, L, H, D), exact at the rows that keep the group; elsewhere 0, or the attention of
-    the row where the group ran on all rows (callers gate those to 0 or replace them by their reads). No
-    mask, no gradient.
+    query (B, H, L, D), key/value (B, KV, S, D) (query `i` at key position `p = S - L + i`), `group_rows:
+    (B, L, KV)` bool -> (B, L, H, D), exact at the rows that keep the group; elsewhere 0, their reads, or the
+    attention of the row where the group ran on all rows (callers gate those to 0 or replace them by their
+    reads). No mask, no gradient. Where `in_blocks` (per sequence, a bool per group) says no and there is no
+    cached key, the group runs one causal call over all its rows instead.
 
-    Each block of `BLOCK_ROWS` rows takes two unmasked SDPA calls that return their log-sum-exp: all its
-    rows, causal, over the block's own keys, and its kept rows over every earlier key; the two are merged by
-    their log-sum-exps. Work: the kept rows' share of the causal `L * S`, plus `L * BLOCK_ROWS / 2`. Where
-    `in_blocks` (per sequence, a bool per group; `None`: all) says no and there is no cached key, the group
-    runs one causal call over all its rows instead."""
-    flash = CPU_FLASH
+    `reads = (reads (B, L, H, D), their log-sum-exp (B, L, H), sink, window)`: every row's attention to its
+    first `sink` and last `window` keys; a kept row then attends only to its other keys, `[sink, p - window]`,
+    and merges the two by their log-sum-exps (`None`: no reads, every key `[0, p]`). The kept rows of a
+    block of `BLOCK_ROWS` rows take two SDPA calls that return their log-sum-exp: over the keys every row of
+    the block attends to, unmasked, and over the rest, with their causal mask rows."""
     batch, num_heads, length, head_dim = query.shape
     num_groups, offset = key.shape[1], key.shape[2] - length
     heads_per_group = num_heads // num_groups
-    out = query.new_zeros(batch, length, num_heads, head_dim)
-    starts = range(0, length, BLOCK_ROWS)
+    if reads is None:
+        out, sink, window = query.new_zeros(batch, length, num_heads, head_dim), 0, 0
+    else:
+        reads, reads_lse, sink, window = reads
+        out = reads.clone()  # a kept row without keys beyond its reads keeps them
+    first_row = max(0, sink + window - offset)  # rows before it attend to no key beyond their reads
     for b in range(batch):
         for g in range(num_groups):
             heads = slice(g * heads_per_group, (g + 1) * heads_per_group)
-            group_query = query[b : b + 1, heads]  # (1, n, L, D)
             group_key, group_value = (
                 t[b : b + 1, g : g + 1].expand(-1, heads_per_group, -1, -1) for t in (key, value)
             )  # (1, n, S, D) each
-            if offset == 0 and in_blocks is not None and not in_blocks[b][g]:
-                attended, _ = flash(group_query, group_key, group_value, is_causal=True, scale=scaling)
+            if offset == 0 and not in_blocks[b][g]:
+                attended, _ = CPU_FLASH(
+                    query[b : b + 1, heads], group_key, group_value, is_causal=True, scale=scaling
+                )
                 out[b, :, heads] = attended[0].transpose(0, 1)  # (L, n, D)
                 continue
-            rows = group_rows[b, :, g].nonzero().squeeze(1)  # (r,) the kept rows
-            counts = torch.bincount(rows // BLOCK_ROWS, minlength=len(starts)).tolist()
-            for start, block_rows in zip(starts, rows.split(counts), strict=True):
+            rows = group_rows[b, first_row:, g].nonzero().squeeze(1) + first_row  # (r,) the kept rows
+            if not rows.numel():
+                continue
+            group_query = query[b : b + 1, heads].index_select(2, rows)  # (1, n, r, D)
+            counts = torch.bincount((rows - first_row) // BLOCK_ROWS).tolist()
+            parts = []  # per block of rows: (1, n, c, D), (1, n, c)
+            blocks = zip(rows.split(counts), group_query.split(counts, 2), strict=True)
+            for block, (block_rows, block_query) in enumerate(blocks):
                 if not block_rows.numel():
                     continue
-                stop, first = min(start + BLOCK_ROWS, length), offset + start  # first: the block's first key
-                block_query = group_query[:, :, start:stop]  # (1, n, c, D)
-                attended, lse = flash(
-                    block_query,
-                    group_key[:, :, first : offset + stop],
-                    group_value[:, :, first : offset + stop],
-                    is_causal=True,
-                    scale=scaling,
-                )  # (1, n, c, D), (1, n, c)
-                if block_rows.numel() < stop - start:
-                    local = block_rows - start
-                    attended, lse = attended[:, :, local], lse[:, :, local]  # (1, n, r, D), (1, n, r)
-                    block_query = block_query[:, :, local]
-                if first:
-                    earlier, earlier_lse = flash(
-                        block_query, group_key[:, :, :first], group_value[:, :, :first], scale=scaling
-                    )  # (1, n, r, D), (1, n, r)
-                    total = torch.logaddexp(lse, earlier_lse)  # (1, n, r)
-                    weight, earlier_weight = (lse - total).exp(), (earlier_lse - total).exp()
-                    attended = attended * weight.unsqueeze(-1) + earlier * earlier_weight.unsqueeze(-1)
-                out[b, block_rows, heads] = attended[0].transpose(0, 1).to(out.dtype)  # (r, n, D)
+                block_start = first_row + block * BLOCK_ROWS
+                # every row of the block attends to the keys [sink, seen_by_all), the last to [., last_key)
+                seen_by_all = offset + block_start - window
+                last_key = offset + min(block_start + BLOCK_ROWS, length) - window
+                key_positions = torch.arange(seen_by_all, last_key, device=query.device)
+                masked = key_positions <= (block_rows[:, None] + offset - window)  # (c, t)
+                bias = torch.zeros(masked.shape, dtype=query.dtype, device=query.device)
+                bias = bias.masked_fill_(~masked, -torch.inf)[None, None]  # (1, 1, c, t)
+                block_parts = [
+                    CPU_FLASH(
+                        block_query,
+                        group_key[:, :, seen_by_all:last_key],
+                        group_value[:, :, seen_by_all:last_key],
+                        attn_mask=bias,
+                        scale=scaling,
+                    )
+                ]
+                if seen_by_all > sink:
+                    block_parts.append(
+                        CPU_FLASH(
+                            block_query,
+                            group_key[:, :, sink:seen_by_all],
+                            group_value[:, :, sink:seen_by_all],
+                            scale=scaling,
+                        )
+                    )
+                parts.append(_merged(block_parts))
+            attended, lse = (torch.cat(tensors, 2)[0].transpose(0, 1) for tensors in zip(*parts, strict=True))
+            if reads is not None:  # (r, n, D), (r, n)
+                row_reads = (reads[b, rows, heads], reads_lse[b, rows, heads])
+                attended, _ = _merged([(attended, lse), row_reads])
+            out[b, rows, heads] = attended.to(out.dtype)
     return out
+
+
+def _merged(parts: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attentions over disjoint sets of keys, `[(out (..., D), log-sum-exp (...))]`, merged into the attention
+    over their union and its log-sum-exp."""
+    (out, lse), *more = parts
+    for other, other_lse in more:
+        total = torch.logaddexp(lse, other_lse)
+        out = out * (lse - total).exp().unsqueeze(-1) + other * (other_lse - total).exp().unsqueeze(-1)
+        lse = total
+    return out, lse
 
 
 # A single sequence's decode step skips the keys its dropped groups do not read (`_decode_one_token`): never

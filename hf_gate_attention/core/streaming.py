@@ -24,6 +24,9 @@ from .gate import gate_heads
 from .hooks import block_patch_of
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_streaming"
+# CPU SDPA that also returns each row's log-sum-exp, by which partial attentions merge: a private op of torch
+# (tested on 2.13); where a torch lacks it, callers that need the log-sum-exp take another path
+CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def register_attention_implementation() -> None:
@@ -94,11 +97,12 @@ def _gather_keys(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def blocked_streaming_attention(
-    query, key, value, allowed, causal: bool, sink: int, window: int, scaling=None, dropout=0.0
+    query, key, value, allowed, causal: bool, sink: int, window: int, scaling=None, dropout=0.0, lse=False
 ):
     """Attention of every query row to its streaming keys only (the first `sink` and the last `window` keys
     of its row of `allowed`) without an `(L, S)` pass per head: equal to SDPA with `streaming_keys(allowed,
-    sink, window)` as its mask, except that rows that see nothing give 0.
+    sink, window)` as its mask, except that rows that see nothing give 0. With `lse` (CPU, `CPU_FLASH`, no
+    dropout or gradient), `(out, log-sum-exp (B, H, L))` (that of a row that sees nothing is not -inf).
 
     Query (B, H, L, D), key/value (B, KV, S, D), allowed bool (B or 1, 1, L, S) or `None` (`causal` says
     which keys; see `_row_bounds`) -> (B, H, L, D); `None` where this does not apply (then use the mask):
@@ -153,13 +157,19 @@ def blocked_streaming_attention(
     # benchmarks/results/sparse_prefill.md)
     bias = torch.zeros(valid.shape, dtype=query.dtype, device=query.device).masked_fill_(~valid, -torch.inf)
     # (B*KV, nb, c*n, D) against (B*KV, nb, s + T, D): SDPA's fused kernels, no (c*n, s + T) kept for backward
-    out = F.scaled_dot_product_attention(
-        rows, block_keys, block_values, attn_mask=bias, dropout_p=dropout, scale=scaling
-    )
+    if lse:
+        out, row_lse = CPU_FLASH(rows, block_keys, block_values, attn_mask=bias, scale=scaling)
+        row_lse = row_lse.reshape(batch, num_groups, -1, heads_per_group)[:, :, :length]  # (B, KV, L, n)
+        row_lse = row_lse.transpose(2, 3).reshape(batch, num_heads, length)
+    else:
+        out = F.scaled_dot_product_attention(
+            rows, block_keys, block_values, attn_mask=bias, dropout_p=dropout, scale=scaling
+        )
     if not sees_all:  # a row that sees nothing gives 0 (not every SDPA kernel makes it 0 itself)
         out = torch.where(valid.any(-1, keepdim=True), out, 0)
     out = out.view(batch, num_groups, -1, heads_per_group, head_dim)[:, :, :length]  # (B, KV, L, n, D)
-    return out.transpose(2, 3).reshape(batch, num_heads, length, head_dim)
+    out = out.transpose(2, 3).reshape(batch, num_heads, length, head_dim)
+    return (out, row_lse) if lse else out
 
 
 def streaming_attention_forward(

@@ -18,6 +18,7 @@ from hf_gate_attention import GateConfig, patch, unpatch
 from hf_gate_attention.core import sparse
 from hf_gate_attention.core.gate import AttentionGate
 from hf_gate_attention.core.hooks import InlineForward, use_hooks
+from hf_gate_attention.core.streaming import streaming_keys
 
 # 6 query heads in 3 key/value groups of 2, so that top-1 and top-2 of the groups both drop something
 GQA = {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 8}
@@ -103,7 +104,9 @@ def test_prefill_reads_run_blocked_unless_they_cover_most_keys(monkeypatch, sele
     results = []
     blocked_reads = sparse.blocked_streaming_attention
     monkeypatch.setattr(
-        sparse, "blocked_streaming_attention", lambda *a: results.append(blocked_reads(*a)) or results[-1]
+        sparse,
+        "blocked_streaming_attention",
+        lambda *a, **kw: results.append(blocked_reads(*a, **kw)) or results[-1],
     )
     model = tiny_model("llama", attn_implementation="sdpa", **GQA)
     patch(model, GateConfig(init="paper", **SELECTIONS[selection]), backend="torch", sparse=True)
@@ -469,11 +472,16 @@ def test_peft_lora_on_the_projections_keeps_sparse_decode_exact(order):
         (1, 6, 3, 40, 40, 16, torch.bfloat16),
     ],
 )
+@pytest.mark.parametrize(
+    "sink_window", [None, (2, 3), (1, 9)], ids=["no-reads", "sink2-window3", "sink1-window9"]
+)
 def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
-    monkeypatch, batch, heads, groups, length, keys, block, dtype
+    monkeypatch, batch, heads, groups, length, keys, block, dtype, sink_window
 ):
     """The blocked causal attention of the kept rows (`_kept_rows_in_blocks`) against SDPA with the causal
-    mask of all rows, at the kept rows; some groups are kept by every row, some by none, some by few."""
+    mask of all rows, at the kept rows; some groups are kept by every row, some by none, some by few. With
+    `sink_window`, given every row's attention to its sink and window keys and their log-sum-exp, the kept
+    rows attend to their other keys only and merge."""
     monkeypatch.setattr(sparse, "BLOCK_ROWS", block)
     generator = torch.Generator().manual_seed(length)
     query = torch.randn(batch, heads, length, 8, generator=generator).to(dtype)
@@ -483,8 +491,16 @@ def test_kept_rows_in_blocks_equal_masked_attention_of_the_kept_rows(
     rows[-1, :, groups // 2] = torch.arange(length) % 5 == 0  # few kept rows: blocks also without a cache
     rows[-1, :, -1] = False
     in_blocks = [[group > 0 for group in range(groups)]] * batch  # group 0: one causal call without a cache
-    out = sparse._kept_rows_in_blocks(query, key, value, rows, 0.3, in_blocks)  # (B, L, H, D)
     causal = torch.arange(keys) <= torch.arange(keys - length, keys)[:, None]  # (L, S)
+    reads = None
+    if sink_window is not None:
+        read_keys = streaming_keys(causal, *sink_window)  # (L, S)
+        read_key, read_value = (t.float().repeat_interleave(heads // groups, 1) for t in (key, value))
+        scores = (query.float() @ read_key.transpose(-1, -2) * 0.3).masked_fill(~read_keys, -torch.inf)
+        lse = scores.logsumexp(-1)  # (B, H, L)
+        attended = scores.softmax(-1) @ read_value  # (B, H, L, D)
+        reads = (attended.transpose(1, 2).to(dtype), lse.transpose(1, 2), *sink_window)
+    out = sparse._kept_rows_in_blocks(query, key, value, rows, 0.3, in_blocks, reads)  # (B, L, H, D)
     expected = F.scaled_dot_product_attention(
         query.float(), key.float(), value.float(), attn_mask=causal, scale=0.3, enable_gqa=True
     ).transpose(1, 2)
@@ -501,7 +517,7 @@ def test_prefill_without_gradients_runs_the_kept_rows_in_blocks(monkeypatch, sel
     where no group pays (top-3 of 3: every row keeps every group), nor with gradients."""
     monkeypatch.setattr(sparse, "BLOCK_ROWS", 4)
     monkeypatch.setattr(sparse, "BLOCKED_MIN_KEYS", 8)
-    monkeypatch.setattr(sparse, "BLOCKS_PAY", 1.1)  # a group in blocks where it keeps at most 19 of 21 rows
+    monkeypatch.setattr(sparse, "BLOCKS_PAY", 0.9)  # a group in blocks where it keeps at most 18 of 21 rows
     calls = []
     kept_rows_in_blocks = sparse._kept_rows_in_blocks
     monkeypatch.setattr(

@@ -659,18 +659,19 @@ def test_the_real_text_long_documents_as_quoted():
     top1, speedup = "output-headwise-top1-kvgroup-sink4-window64", "speed-up [rounds]"
     dense = "vs output-headwise [rounds]"
     at = {tokens: by[tokens, top1] for tokens in ("1,024", "2,048", "4,096", "8,064")}
-    assert at["8,064"]["+18 % claim"] == "reproduced" and at["4,096"]["+18 % claim"] == "not reproduced"
+    assert at["8,064"]["+18 % claim"] == "reproduced" and at["4,096"]["+18 % claim"] == "inconclusive"
     assert all(by[key]["prompt tokens"] == key[0] for key in by)  # a paper fills every length
     assert says(
         REPO / "docs" / "sparse.md",
         f"reproduces the claim at 8,064 tokens, {at['8,064'][speedup]} per summary (prefill "
         f"{at['8,064']['prefill ratio']}, decode {at['8,064']['decode ratio']} the ungated time), and is "
-        f"{at['4,096'][speedup]} at 4k (not reproduced: no round reaches x1.18), "
+        f"{at['4,096'][speedup]} at 4k (inconclusive: some rounds reach x1.18, not all), "
         f"{first(at['2,048'][speedup])} at 2k and {first(at['1,024'][speedup])} at 1k; against the dense "
         f"gate {first(at['8,064'][dense])} at 8k, {first(at['4,096'][dense])} at 4k, "
-        f"{first(at['2,048'][dense])} at 2k and {at['1,024'][dense]} at 1k",
+        f"{first(at['2,048'][dense])} at 2k and {at['1,024'][dense]} at 1k, so on real text it is faster "
+        "than the dense gate at every length in the median, though not in every round at 1k",
     )
-    assert ratio(at["1,024"][dense]) < 1 and all(ratio(at[t][dense]) > 1 for t in ("2,048", "4,096", "8,064"))
+    assert all(ratio(at[t][dense]) > 1 for t in at) and re.search(r"\[0\.\d+, ", at["1,024"][dense])
     gated = sorted(ratio(by[t, "output-headwise"][speedup]) for t in at)
     assert says(REPO / "docs" / "sparse.md", f"The dense gate is x{gated[0]} to x{gated[-1]} per summary")
     [rows_1k] = [
@@ -682,8 +683,8 @@ def test_the_real_text_long_documents_as_quoted():
     assert says(
         REPO / "docs" / "sparse.md",
         f"put it at {top1_1k[dense]} of the dense gate, faster in the median though not in every round: "
-        f"prefill {top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the ungated "
-        f"time, decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
+        f"prefill {top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the "
+        f"ungated time, decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
     )
     assert ratio(top1_1k[dense]) > 1 and re.fullmatch(r"x\S+ \[0\.\d+, \S+\]", top1_1k[dense])
 

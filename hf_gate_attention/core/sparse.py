@@ -26,7 +26,9 @@ then the gate.
   their columns (`prepare_block`; plain `nn.Linear` projections only).
 - Under `torch.compile`, that decode step syncs nothing with the host (no graph break, `fullgraph=True`
   works): every head attends in one SDPA call, a dropped head masked to its sink and window keys or, when it
-  reads nothing, gated to 0 (the masked reference's work, without its host dispatch).
+  reads nothing, gated to 0 (the masked reference's work, without its host dispatch). Prefill, training
+  and batched decode run the masked reference there (`streaming.every_head_on_every_row`): choosing rows
+  would sync with the host, a graph break per layer.
 
 Not skipped: the key/value projections (keys and values are written for every group), the query and output
 projections of batches and prompts (the kept heads change from token to token), and, with
@@ -44,7 +46,14 @@ from torch.nn import functional as F
 
 from .gate import gate_heads
 from .hooks import GATE_MODULE_NAME, InlineForward, block_patch_of
-from .streaming import CPU_FLASH, allowed_keys, blocked_streaming_attention, is_causal, streaming_keys
+from .streaming import (
+    CPU_FLASH,
+    allowed_keys,
+    blocked_streaming_attention,
+    every_head_on_every_row,
+    is_causal,
+    streaming_keys,
+)
 from .variants import GATE_VARIANTS, names_where
 
 ATTN_IMPLEMENTATION = "hf_gate_attention_sparse"
@@ -145,6 +154,10 @@ def sparse_attention_forward(
         return _one_token_in_one_call(
             query, key, value, attention_mask, (gate, keep, gate_module), scaling, dropout
         )
+    if torch.compiler.is_compiling():  # choosing rows would sync with the host, a graph break per layer
+        selection = (gate, keep, gate_module)
+        attend = {"scaling": scaling, "dropout": dropout, **kwargs}
+        return every_head_on_every_row(module, query, key, value, attention_mask, selection, causal, **attend)
     # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
     # gathered, they would need their mask rows, which cost more than all rows causal (x1.0 to x5.0 on CPU:
     # benchmarks/results/sparse_prefill.md)

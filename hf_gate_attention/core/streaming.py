@@ -192,13 +192,36 @@ def streaming_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     gate, keep = block_patch.take_gate()  # (B, L, H, w), (B, L, H)
-    query_length, key_length = query.shape[2], key.shape[2]
-    causal = is_causal(module, kwargs, query_length)
-    attend = {"scaling": scaling, "dropout": dropout, **kwargs}
-    full, _ = sdpa_attention_forward(module, query, key, value, attention_mask, is_causal=causal, **attend)
-    allowed = allowed_keys(attention_mask, query_length, key_length, causal, query.device)
-    gate_module = block_patch.gate()
-    streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
-    dropped, _ = sdpa_attention_forward(module, query, key, value, streaming, is_causal=False, **attend)
-    attended = torch.where(keep.unsqueeze(-1) > 0, full, dropped)  # (B, L, H, D)
+    causal = is_causal(module, kwargs, query.shape[2])
+    selection = (gate, keep, block_patch.gate())
+    return every_head_on_every_row(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        selection,
+        causal,
+        scaling=scaling,
+        dropout=dropout,
+        **kwargs,
+    )
+
+
+def every_head_on_every_row(module, query, key, value, attention_mask, selection, causal: bool, **attend):
+    """The masked reference, without host synchronisation: every head attends on every row, query
+    (B, H, L, D), key/value (B, KV, S, D); `selection = (gate (B, L, H, w), keep (B, L, H), gate module)`: a
+    head top-k drops for a row gives its attention to its sink and window keys where the gate module has them,
+    else 0 (through `gate`, multiplied by `keep`) -> ((B, L, H, D), None), gated."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gate, keep, gate_module = selection
+    attended, _ = sdpa_attention_forward(
+        module, query, key, value, attention_mask, is_causal=causal, **attend
+    )
+    if gate_module.dropped_reads_keys:
+        allowed = allowed_keys(attention_mask, query.shape[2], key.shape[2], causal, query.device)
+        streaming = streaming_keys(allowed, gate_module.top_k_sink, gate_module.top_k_window)
+        dropped, _ = sdpa_attention_forward(module, query, key, value, streaming, is_causal=False, **attend)
+        attended = torch.where(keep.unsqueeze(-1) > 0, attended, dropped)  # (B, L, H, D)
     return gate_heads(attended, gate), None

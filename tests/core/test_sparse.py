@@ -594,6 +594,41 @@ def test_compiled_single_sequence_decode_has_no_graph_break(selection, cache, sp
     torch.testing.assert_close(logits[sparse_mode], logits[False], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
+def test_compiled_prefill_and_batched_decode_have_no_graph_break(selection):
+    """`torch.compile(fullgraph=True)` traces a padded prefill with gradients and a batched decode step
+    without a graph break (no host sync: every head on every row, as the masked reference) and gives the
+    masked reference's outputs and every parameter's gradient, and its decode logits."""
+    torch._dynamo.reset()
+    model = tiny_model("llama", attn_implementation="sdpa", **GQA).train()
+    config = GateConfig(init="paper", **SELECTIONS[selection])
+    inputs = _inputs("llama")  # batch 3, padded left and right
+    expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)
+    out, grads, implementation = _run(model, config, inputs, sparse_mode=True, compiled=True)
+    assert implementation == sparse.ATTN_IMPLEMENTATION
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected_grads.keys() and any("attn_gate" in name for name in grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    model.eval()
+    prompt = tiny_inputs("llama", batch=2, length=12)["input_ids"]
+    logits = {}
+    for mode in (False, True):
+        torch.manual_seed(7)
+        patch(model, config, backend="torch", sparse=mode)
+        past = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=prompt[:, :-1], past_key_values=past, use_cache=True)
+            forward = (
+                model.forward
+                if mode is False
+                else torch.compile(model.forward, fullgraph=True, backend="eager")
+            )
+            logits[mode] = forward(input_ids=prompt[:, -1:], past_key_values=past, use_cache=True).logits
+        unpatch(model)
+    torch.testing.assert_close(logits[True], logits[False], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
 @pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
 @pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])

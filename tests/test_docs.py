@@ -669,9 +669,9 @@ def test_the_real_text_long_documents_as_quoted():
         f"{first(at['2,048'][speedup])} at 2k and {first(at['1,024'][speedup])} at 1k; against the dense "
         f"gate {first(at['8,064'][dense])} at 8k, {first(at['4,096'][dense])} at 4k, "
         f"{first(at['2,048'][dense])} at 2k and {at['1,024'][dense]} at 1k, so on real text it is faster "
-        "than the dense gate at every length in the median, though not in every round at 1k",
+        "than the dense gate from 2k on, and at 1k in these 3 rounds",
     )
-    assert all(ratio(at[t][dense]) > 1 for t in at) and re.search(r"\[0\.\d+, ", at["1,024"][dense])
+    assert all(ratio(at[t][dense]) > 1 for t in at)
     gated = sorted(ratio(by[t, "output-headwise"][speedup]) for t in at)
     assert says(REPO / "docs" / "sparse.md", f"The dense gate is x{gated[0]} to x{gated[-1]} per summary")
     [rows_1k] = [
@@ -682,11 +682,14 @@ def test_the_real_text_long_documents_as_quoted():
     top1_1k, dense_1k = ({row["case"]: row for row in rows_1k}[case] for case in (top1, "output-headwise"))
     assert says(
         REPO / "docs" / "sparse.md",
-        f"put it at {top1_1k[dense]} of the dense gate, faster in the median though not in every round: "
-        f"prefill {top1_1k['prefill ratio']} against the dense gate's {dense_1k['prefill ratio']} the "
-        f"ungated time, decode {top1_1k['decode ratio']} against {dense_1k['decode ratio']}",
+        f"put it at {top1_1k[dense]} of the dense gate, level within the rounds' range and 1 % slower in "
+        f"the median: prefill {top1_1k['prefill ratio']} against the dense gate's "
+        f"{dense_1k['prefill ratio']} the ungated time, decode {top1_1k['decode ratio']} against "
+        f"{dense_1k['decode ratio']}",
     )
-    assert ratio(top1_1k[dense]) > 1 and re.fullmatch(r"x\S+ \[0\.\d+, \S+\]", top1_1k[dense])
+    low, high = (Decimal(x) for x in re.search(r"\[(\S+), (\S+)\]", top1_1k[dense]).groups())
+    assert low < 1 < high and round(100 * (1 - ratio(top1_1k[dense]))) == 1
+    assert ratio(top1_1k["prefill ratio"]) <= ratio(dense_1k["prefill ratio"])
 
 
 def test_the_compiled_sparse_decode_as_quoted():

@@ -229,7 +229,9 @@ def sparse_attention_forward(
             group_query = group_query[:, :, rows]  # (1, n, r, D)
         group_key, group_value = key[b : b + 1, g : g + 1], value[b : b + 1, g : g + 1]  # (1, 1, S, D)
         if positions is not None:
-            group_key, group_value = group_key[:, :, positions], group_value[:, :, positions]  # (1, 1, s, D)
+            group_key, group_value = (
+                t.index_select(2, positions) for t in (group_key, group_value)
+            )  # (1, 1, s, D)
         attended, _ = sdpa_attention_forward(
             module,
             group_query,
@@ -465,8 +467,8 @@ def _decode_one_token(block_patch, query, key, value, attention_mask, selection,
     else:
         reads = F.scaled_dot_product_attention(
             query,
-            key[:, :, positions],
-            value[:, :, positions],
+            key.index_select(2, positions),  # whole rows: less overhead than `key[:, :, positions]`
+            value.index_select(2, positions),
             dropout_p=dropout,
             scale=scaling,
             enable_gqa=True,

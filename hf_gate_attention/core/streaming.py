@@ -112,6 +112,12 @@ def blocked_streaming_attention(
     `block + window` keys ending at the block's last key, so the work is `L * (sink + block + window)`
     instead of `L * S`. Causal, padding, static-cache and bidirectional masks qualify; sliding-window rows
     past the window do not."""
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if lse and (CPU_FLASH is None or dropout or query.device.type != "cpu" or recording):
+        raise ValueError(
+            "blocked_streaming_attention(lse=True) needs torch's private CPU flash op, a CPU tensor, no "
+            "dropout and no gradient; pass lse=False"
+        )
     batch, num_heads, length, head_dim = query.shape
     num_groups, key_length = key.shape[1], key.shape[2]
     block = max(window, 8)

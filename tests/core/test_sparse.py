@@ -596,12 +596,13 @@ def test_compiled_decode_has_no_graph_break(selection, cache, sparse_mode, batch
 
 
 @pytest.mark.parametrize("selection", ["top1-kv_group", "top1-kv_group-sink2-window3", "top2-head-window4"])
-def test_compiled_padded_forward_with_gradients_has_no_graph_break(selection):
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "task-head"])
+def test_compiled_padded_forward_with_gradients_has_no_graph_break(bare, selection):
     """`torch.compile(fullgraph=True)` traces a padded batch's forward with gradients without a graph break
     (no host sync: every head on every row, as the masked reference) and gives the masked reference's
-    outputs and every parameter's gradient."""
+    outputs and every parameter's gradient, bare model and task head."""
     torch._dynamo.reset()
-    model = tiny_model("llama", attn_implementation="sdpa", **GQA).train()
+    model = tiny_model("llama", attn_implementation="sdpa", bare=bare, **GQA).train()
     config = GateConfig(init="paper", **SELECTIONS[selection])
     inputs = _inputs("llama")  # batch 3, padded left and right
     expected, expected_grads, _ = _run(model, config, inputs, sparse_mode=False)

@@ -139,6 +139,27 @@ def test_blocked_reads_without_a_mask_follow_causality(causal, length):
     _assert_equal_with_gradients(out, expected, inputs, generator)
 
 
+@pytest.mark.parametrize("length", [32, 37], ids=["whole-blocks", "padded-block"])
+def test_blocked_reads_with_their_log_sum_exp(length):
+    """`lse=True`: the same reads, and each row's log-sum-exp over its sink and window keys (what sparse
+    prefill merges kept rows by); with dropout or gradients it raises instead of ignoring them."""
+    generator = torch.Generator().manual_seed(length)
+    query = torch.randn(2, 4, length, 8, generator=generator)
+    key, value = (torch.randn(2, 2, length, 8, generator=generator) for _ in range(2))
+    inputs = (query, key, value, None, True, 2, 8)
+    with torch.no_grad():
+        out, lse = streaming.blocked_streaming_attention(*inputs, 0.3, lse=True)
+        torch.testing.assert_close(out, streaming.blocked_streaming_attention(*inputs, 0.3))
+        read_keys = streaming.streaming_keys(streaming.allowed_keys(None, length, length, True, "cpu"), 2, 8)
+        scores = query @ key.repeat_interleave(2, 1).transpose(-1, -2) * 0.3  # (B, H, L, S)
+        expected = scores.masked_fill(~read_keys, -torch.inf).logsumexp(-1)  # (B, H, L)
+        torch.testing.assert_close(lse, expected)
+        with pytest.raises(ValueError, match="no dropout and no gradient"):
+            streaming.blocked_streaming_attention(*inputs, 0.3, 0.1, lse=True)
+    with pytest.raises(ValueError, match="no dropout and no gradient"):
+        streaming.blocked_streaming_attention(query.requires_grad_(), *inputs[1:], lse=True)
+
+
 @pytest.mark.parametrize("length", [32, 37])
 def test_blocked_reads_without_a_mask_never_sync_with_the_host(length):
     """Without a mask the blocked reads know on the host that they apply: dynamo traces them whole

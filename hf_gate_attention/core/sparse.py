@@ -421,14 +421,27 @@ def _gated(attended: torch.Tensor, keep: torch.Tensor, reads: torch.Tensor | Non
 
 
 def _read_positions(gate_module, attention_mask, key_length: int, device) -> torch.Tensor | None:
-    """The keys `(s,)` a dropped head of a one-token step reads (its sink and window keys); `None`: none."""
+    """The keys `(s,)` a dropped head of a one-token step reads (its sink and window keys); `None`: none.
+    From a mask (a static cache's), computed once per step: every layer gets the same mask tensor, and this
+    remembers the last one's positions while that tensor is unchanged (its version counter; masks made in
+    inference mode have none and are read each time)."""
     if not gate_module.dropped_reads_keys:
         return None
     sink, window = gate_module.top_k_sink, gate_module.top_k_window
     if attention_mask is None:
         return _sink_and_window_positions(key_length, sink, window, device)
+    version = None if attention_mask.is_inference() else attention_mask._version
+    last_mask, *last_settings, positions = _LAST_MASK_READS
+    if last_mask is attention_mask and version is not None and last_settings == [version, sink, window]:
+        return positions
     allowed = allowed_keys(attention_mask, 1, key_length, False, device)  # (1, 1, 1, S)
-    return streaming_keys(allowed, sink, window)[0, 0, 0].nonzero().squeeze(1)
+    positions = streaming_keys(allowed, sink, window)[0, 0, 0].nonzero().squeeze(1)
+    _LAST_MASK_READS[:] = attention_mask, version, sink, window, positions
+    return positions
+
+
+# `_read_positions` of the last mask: [mask, its version, sink, window, positions]
+_LAST_MASK_READS: list = [None] * 5
 
 
 def _one_token_in_one_call(query, key, value, attention_mask, selection, scaling, dropout):

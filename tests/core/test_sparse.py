@@ -301,6 +301,37 @@ def test_single_sequence_decode_with_sink_and_window_skips_the_keys_it_does_not_
     assert bool(skipping_steps) == skip
 
 
+def test_read_positions_of_a_mask_are_computed_once_per_unchanged_mask():
+    """A decode step's layers share one mask: its sink and window positions are computed for the first and
+    reused while the tensor is unchanged; a mask written in place, another mask, other sink/window settings
+    and a mask made in inference mode (no version counter) each get their own, equal to a fresh count."""
+
+    class Reads:
+        dropped_reads_keys, top_k_sink, top_k_window = True, 2, 3
+
+    def fresh(mask, sink=2, window=3):
+        return streaming_keys(mask, sink, window)[0, 0, 0].nonzero().squeeze(1)
+
+    mask = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+    mask[..., 9:] = False  # a static cache filled up to 9 keys
+    first = sparse._read_positions(Reads, mask, 12, mask.device)
+    assert torch.equal(first, fresh(mask)) and torch.equal(first, torch.tensor([0, 1, 6, 7, 8]))
+    assert sparse._read_positions(Reads, mask, 12, mask.device) is first
+    mask[..., 9] = True  # the next step written in place
+    assert torch.equal(sparse._read_positions(Reads, mask, 12, mask.device), fresh(mask))
+    other = mask.clone()
+    other[..., :4] = False  # left padding
+    assert torch.equal(sparse._read_positions(Reads, other, 12, mask.device), torch.tensor([4, 5, 7, 8, 9]))
+    Reads.top_k_window = 1
+    assert torch.equal(sparse._read_positions(Reads, other, 12, mask.device), fresh(other, window=1))
+    with torch.inference_mode():
+        inference_mask = mask.clone()
+        assert torch.equal(sparse._read_positions(Reads, inference_mask, 12, mask.device), fresh(mask, 2, 1))
+        inference_mask[..., 1:3] = False
+        positions = sparse._read_positions(Reads, inference_mask, 12, mask.device)
+        assert torch.equal(positions, torch.tensor([0, 3, 9]))
+
+
 def _assert_decode_step_ignores_nan_outside(
     model, prompt, read_positions: list[int], poison_projections=False
 ):

@@ -26,7 +26,7 @@ def read_rows(path: Path, integers: set[str], texts: set[str]) -> list[dict]:
 
 @pytest.mark.parametrize("name", ["decode", "decode_sink_window", "sparse_prefill_train"])
 def test_decode_markdown_is_the_committed_one(name):
-    texts = {"phase", "case", "torch", "transformers", "cpu", "command"}
+    texts = {"phase", "case", "torch", "transformers", "cpu", "command", "dtype", "backend"}
     rows = read_rows(RESULTS / f"{name}.csv", {"tokens", "rounds", "decode_steps"}, texts)
     committed = (RESULTS / f"{name}.md").read_text()
     assert rows[0]["command"] in committed.splitlines()[0]

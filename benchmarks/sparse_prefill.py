@@ -13,8 +13,8 @@ random queries, keys and values, and a random top-k of the 3 groups per query ro
   read with `top_k_sink=4, top_k_window=64`.
 - `top-k of 3, sink 4 + window 64: reads, kept rows in blocks merged`: the whole prefill attention of such a
   layer: the reads with their log-sum-exp, then the kept rows over their other keys only, merged.
-- `top-k of 3, sink 4 + window 64: reads, causal SDPA over every row`: the same layer where the blocks do not
-  serve it (and before they did): the reads beside the causal call.
+- `sink 4 + window 64: reads, causal SDPA over every row`: the same layer, whatever its top-k, where the
+  blocks do not serve it (and before they did): the reads beside the causal call.
 - `SDPA over the reads' blocks, bool mask per group` / `..., additive mask shared by groups`: one SDPA call
   in the layout of those reads (the 3 groups x blocks of 64 rows x 3 heads against 132 keys), with the mask
   as a bool tensor expanded to every group or as one additive tensor broadcast over them (what the reads
@@ -125,7 +125,7 @@ def cases_at(length: int, generator: torch.Generator) -> dict:
     for top_k in (2, 1):
         streaming = f"top-{top_k} of 3, sink {SINK} + window {WINDOW}"
         cases[f"{streaming}: reads, kept rows in blocks merged"] = partial(reads_and_kept_rows, top_k)
-        cases[f"{streaming}: reads, causal SDPA over every row"] = lambda: (reads(), causal())
+    cases[f"sink {SINK} + window {WINDOW}: reads, causal SDPA over every row"] = lambda: (reads(), causal())
     cases["SDPA over the reads' blocks, bool mask per group"] = lambda: F.scaled_dot_product_attention(
         flat["rows"], flat["key"], flat["value"], attn_mask=b["bool"]
     )

@@ -159,7 +159,7 @@ def sparse_attention_forward(
         attend = {"scaling": scaling, "dropout": dropout, **kwargs}
         return every_head_on_every_row(module, query, key, value, attention_mask, selection, causal, **attend)
     # a causal prompt without mask or gradients: the kept rows run in blocks, or every row in one causal call;
-    # gathered, they would need their mask rows, which cost more than all rows causal (x1.0 to x5.0 on CPU:
+    # gathered, they would need their mask rows, which cost more than all rows causal (x1.0 to x4.9 on CPU:
     # benchmarks/results/sparse_prefill.md)
     unmasked_prompt = (
         causal
@@ -268,11 +268,11 @@ def sparse_attention_forward(
 # A prefill without gradients of a causal batch without padding (transformers then passes no mask) whose keys
 # reach BLOCKED_MIN_KEYS runs the kept rows of each key/value group in blocks of BLOCK_ROWS query rows
 # (`_kept_rows_in_blocks`): on CPU, SDPA over the gathered kept rows with a mask row each over every key took
-# x1.0 to x5.0 the time of the causal call over every row, the blocks, keeping 1 of 3 groups, x0.556 at 1k
-# and x0.417 at 8k keys, keeping 2 of 3 x0.950 and x0.785 (benchmarks/results/sparse_prefill.md): 1.2 to 1.7
+# x1.0 to x4.9 the time of the causal call over every row, the blocks, keeping 1 of 3 groups, x0.580 at 1k
+# and x0.435 at 8k keys, keeping 2 of 3 x0.932 and x0.784 (benchmarks/results/sparse_prefill.md): 1.2 to 1.7
 # times the kept rows' share of the causal call. A group kept by more than BLOCKS_PAY of the rows runs the
 # causal call over all its rows instead (a layer where no group is under it, the all-rows rule below: one
-# call); at 512 keys keeping 2 of 3 the blocks took x1.077, hence BLOCKED_MIN_KEYS.
+# call); at 512 keys keeping 2 of 3 the blocks took x1.020, hence BLOCKED_MIN_KEYS.
 BLOCK_ROWS = 512
 BLOCKED_MIN_KEYS = 1024
 BLOCKS_PAY = 0.7

@@ -230,11 +230,19 @@ def loss_steps(run_dir: Path) -> list[int]:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def torchrun(*args: str, timeout: int = 600) -> str:
-    """`python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS` from the repository root on CPU
-    (one thread per process, offline, this checkout's package first), as a user launches it; asserts that it
-    succeeded (showing the end of its output otherwise) and returns its stdout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+def torchrun(*args: str, nproc: int = 2, timeout: int = 600) -> str:
+    """`python -m torch.distributed.run --standalone --nproc_per_node NPROC ARGS` from the repository root on
+    CPU (one thread per process, offline, this checkout's package first), as a user launches it; asserts that
+    it succeeded (showing the end of its output otherwise) and returns its stdout."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        *args,
+    ]
     env = os.environ | {
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",

@@ -12,10 +12,12 @@ heads), each kept or dropped whole. `keep` is the 0/1 selection per gated head. 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.modules import module as torch_module  # holds the hooks registered on every module
 
 from .config import GateConfig
+from .tensor_parallel import all_reduce_gradient, gathered_scores
 
 
 class AttentionGate(nn.Module):
@@ -63,6 +65,8 @@ class AttentionGate(nn.Module):
         if config.init == "paper":
             nn.init.normal_(self.weight, std=init_std)
         self.query_key_matrix_cache = None  # `variants.query_key_matrix`, kept without gradients
+        # under tensor parallelism (`shard_heads`): the TP process group, its size and this rank's place in it
+        self.tp_group, self.tp_size, self.tp_rank = None, 1, 0
         # the dtypes whose sigmoid `gated` computes in the dtype itself, with the float32 formula's bits
         self.sigmoid_dtypes = tuple(
             dtype
@@ -78,6 +82,15 @@ class AttentionGate(nn.Module):
             "it sees several GPUs without a distributed launch): launch with torchrun or `accelerate launch` "
             "(DistributedDataParallel), or make one GPU visible (CUDA_VISIBLE_DEVICES)"
         )
+
+    def shard_heads(self, group, size: int) -> None:
+        """Compute only this rank's `1/size` of the gated heads from now on (`tensor_parallel.py`): the
+        parameters are `Shard(0)` DTensors over the heads, as the block's projections are; rank `r` of
+        `group` holds heads `r*G/size .. (r+1)*G/size - 1` (and as many key/value heads)."""
+        self.tp_group, self.tp_size, self.tp_rank = group, size, dist.get_rank(group)
+        self.num_heads //= size
+        self.num_kv_heads //= size
+        self.num_gated_heads //= size
 
     def extra_repr(self) -> str:
         return (
@@ -97,7 +110,11 @@ class AttentionGate(nn.Module):
         projection), passed through so that the gate is still called, and hooked, as a module."""
         if logits is not None:
             return logits
-        return self.gate_variant.logits(self, self.weight, self.bias, x, q, k)
+        weight, bias = self.weight, self.bias
+        if self.tp_group is not None:  # this rank's heads, from a replicated `x` (its gradient: summed)
+            weight, bias = weight.to_local(), bias.to_local()
+            x = None if x is None else all_reduce_gradient(x, self.tp_group)
+        return self.gate_variant.logits(self, weight, bias, x, q, k)
 
     def forward(
         self,
@@ -174,9 +191,11 @@ class AttentionGate(nn.Module):
 
     def selection(self, gate: torch.Tensor) -> torch.Tensor:
         """The top-k 0/1 selection `(..., G)` for gate values `gate: (..., G, w)`."""
-        top_units = self._top_units(gate)  # (..., top_k)
+        top_units = self._top_units(gate)  # (..., top_k), among the units of every TP rank
         units = self.num_gated_heads // self.heads_per_unit
-        keep = gate.new_zeros(*top_units.shape[:-1], units).scatter(-1, top_units, 1.0)  # (..., units)
+        keep = gate.new_zeros(*top_units.shape[:-1], units * self.tp_size).scatter(-1, top_units, 1.0)
+        if self.tp_size > 1:  # this rank's units
+            keep = keep[..., self.tp_rank * units : (self.tp_rank + 1) * units]
         return keep.repeat_interleave(self.heads_per_unit, dim=-1) if self.heads_per_unit > 1 else keep
 
     def _top_units(self, gate: torch.Tensor) -> torch.Tensor:
@@ -184,6 +203,8 @@ class AttentionGate(nn.Module):
         score = gate[..., 0] if self.width == 1 else gate.mean(-1)  # (..., G)
         if self.heads_per_unit > 1:  # the sum ranks the units as the mean does, in one op fewer
             score = score.unflatten(-1, (-1, self.heads_per_unit)).sum(-1)  # (..., KV)
+        if self.tp_group is not None:  # the scores of every rank's units, in rank order
+            score = gathered_scores(score, self.tp_group)
         return score.topk(self.top_k, dim=-1).indices
 
 

@@ -30,6 +30,15 @@ from .families import (
     unrecognised_attention,
 )
 from .gate import AttentionGate, apply_gate, called_bare
+from .tensor_parallel import (
+    GATE_STYLE,
+    block_sharding,
+    check_gate_config,
+    effective_plan,
+    generic_name,
+    shard_gate,
+    tensor_parallel_size,
+)
 
 GATE_MODULE_NAME = "attn_gate"
 CONFIG_ATTRIBUTE = "gate_attention"
@@ -65,6 +74,7 @@ class _BlockPatch:
         gate_multiply=None,
         gate_in_attention: bool = False,
         sparse: bool | None = None,
+        tensor_parallel: bool = False,
     ):
         self.block = block
         self.family = family
@@ -82,8 +92,11 @@ class _BlockPatch:
         self.roles = self._roles()
         self.hooked: dict[str, tuple[nn.Module, list]] = {}
         # on plain torch (dense gates, or sparse top-k, whose attention function applies the gate), the
-        # projections' parts run from instance `forward`s, not hooks (`InlineForward`)
-        self.inline = gate_multiply is None and (config.top_k is None or gate_in_attention)
+        # projections' parts run from instance `forward`s, not hooks (`InlineForward`); not under tensor
+        # parallelism, whose `forward`s of the projections would wrap them (the hooks stay outside)
+        self.inline = (
+            gate_multiply is None and (config.top_k is None or gate_in_attention) and not tensor_parallel
+        )
         self._watch()
         self.block_handle = self._hook_block()
         self._sync_hooks(block, ())
@@ -491,6 +504,7 @@ def add_gates(
     `sparse`: `patch`'s argument, kept on each block patch.
     """
     base = unwrap_model(model)
+    sharded = tensor_parallel_sharding(base, config, layout)
     patches = []
     for found in layout:
         block, family, geometry = found.module, found.family, found.geometry
@@ -502,6 +516,42 @@ def add_gates(
             device=gate_device(found),
         )
         block.add_module(GATE_MODULE_NAME, gate)
-        patches.append(_BlockPatch(block, family, config, geometry, gate_multiply, gate_in_attention, sparse))
+        tensor_parallel = sharded is not None
+        patches.append(
+            _BlockPatch(
+                block, family, config, geometry, gate_multiply, gate_in_attention, sparse, tensor_parallel
+            )
+        )
     setattr(base, PATCHES_ATTRIBUTE, patches)
     setattr(base.config, CONFIG_ATTRIBUTE, config.to_dict())
+    if sharded is not None:
+        _plan_gates(base, layout, sharded)
+
+
+def tensor_parallel_sharding(model: nn.Module, config: GateConfig, layout: list) -> dict[str, bool] | None:
+    """Under tensor parallelism (a model loaded, or being loaded, with a TP size above 1): block name ->
+    whether its gate shards with its heads (`tensor_parallel.block_sharding`, which refuses what cannot
+    shard); `None` without TP."""
+    size = tensor_parallel_size(model.config)
+    if size == 1:
+        return None
+    check_gate_config(config)
+    plan = effective_plan(model)
+    return {block.name: block_sharding(block, plan, size) for block in layout}
+
+
+def _plan_gates(model: nn.Module, layout: list, sharded: dict[str, bool]) -> None:
+    """Give each gate its entry in the model's TP plan: `GATE_STYLE` for a gate that shards with its heads,
+    `replicate` for its parameters where the heads stay whole. A model being loaded applies them itself
+    (`from_pretrained` with a TP plan, after building the gated class); one already loaded with TP gets
+    them applied here."""
+    mesh_manager = getattr(model, "_mesh_manager", None)
+    mesh = mesh_manager.get_mesh("tp") if getattr(model, "_device_mesh", None) is not None else None
+    for block in layout:
+        name = generic_name(f"{block.name}.{GATE_MODULE_NAME}")
+        if sharded[block.name]:
+            model._tp_plan[name] = GATE_STYLE
+            if mesh is not None:
+                shard_gate(block.module._modules[GATE_MODULE_NAME], mesh)
+        else:
+            model._tp_plan.update({f"{name}.weight": "replicate", f"{name}.bias": "replicate"})

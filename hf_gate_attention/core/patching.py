@@ -27,6 +27,7 @@ from .hooks import (
     gate_dtype,
     unwrap_model,
 )
+from .tensor_parallel import tensor_parallel_size
 
 _BACKEND_ATTRIBUTE = "_gate_attention_backend"
 _PREVIOUS_ATTN_ATTRIBUTE = "_gate_attention_previous_attn_implementation"
@@ -91,6 +92,7 @@ def patch(
     if is_patched(base):
         raise ValueError("this model is already patched with gated attention; call unpatch(model) first")
     layout = attention_layout(base, config)
+    backend, sparse = _under_tensor_parallelism(base, config, backend, sparse)
     first = layout[0]
     query_weight = first.module.get_submodule(first.family.query).weight
     if not query_weight.dtype.is_floating_point:  # quantized: the backends see the dtype the gates compute in
@@ -125,6 +127,28 @@ def patch(
     if train_gates_only:
         freeze_all_but_gates(model)
     return model
+
+
+def _under_tensor_parallelism(model: nn.Module, config: GateConfig, backend: str, sparse: bool | None):
+    """`(backend, sparse)` for a model under tensor parallelism: the torch path, top-k masked, which
+    `tensor_parallel.py` shards with the heads; the Triton backends and the sparse top-k paths read every head
+    of a block (the merged `[q | gate]` query GEMM of `fused_gate`, the kept heads chosen on the host) and
+    are refused. Unchanged without TP."""
+    if tensor_parallel_size(model.config) == 1:
+        return backend, sparse
+    if backend not in ("auto", "torch"):
+        raise ValueError(
+            f"backend={backend!r} under tensor parallelism: its kernels read the gate and query weights of "
+            "every head of a block, which TP splits across ranks; use backend='torch' (what 'auto' picks "
+            "under TP)"
+        )
+    if config.top_k is not None and sparse:
+        raise ValueError(
+            "sparse=True under tensor parallelism: skipping the dropped heads' attention is not sharded "
+            "across ranks; use sparse=None or False (top-k then masks the dropped heads, selected among "
+            "every rank's)"
+        )
+    return "torch", (False if config.top_k is not None else sparse)
 
 
 def _attention_function_unavailable(model: nn.Module, layout: list) -> str | None:
@@ -168,6 +192,8 @@ def unpatch(model: nn.Module) -> nn.Module:
         delattr(base, _PREVIOUS_ATTN_ATTRIBUTE)
     if hasattr(base.config, CONFIG_ATTRIBUTE):
         delattr(base.config, CONFIG_ATTRIBUTE)
+    marker = f".{GATE_MODULE_NAME}"
+    base._tp_plan = {key: style for key, style in (base._tp_plan or {}).items() if marker not in key}
     return model
 
 
@@ -192,10 +218,11 @@ def gate_backend_of(model: nn.Module) -> str:
 
 
 def gate_parameters(model: nn.Module) -> Iterator[nn.Parameter]:
-    """The parameters added by `patch` (also the trainable copies PEFT makes with `modules_to_save`)."""
+    """The parameters added by `patch` (also the trainable copies PEFT makes with `modules_to_save`, and the
+    gates of a model loaded with `trust_remote_code=True`, whose class is the checkpoint's copy of ours)."""
     seen = set()
     for module in model.modules():
-        if isinstance(module, AttentionGate):
+        if isinstance(module, AttentionGate) or type(module).__name__ == AttentionGate.__name__:
             for param in module.parameters():
                 if id(param) not in seen:
                     seen.add(id(param))

@@ -64,8 +64,10 @@ def query_key_matrix(gate, weight, bias) -> tuple[torch.Tensor, torch.Tensor]:
     """The headwise `qk` gate as a linear map of `[q | k]`: `(M (H, (H + KV) * D), b (H,))`, row `h` holding
     `W[h]`'s query half at the columns of query head `h`, its key half at those of key head `h // (H / KV)`,
     zeros elsewhere. Without gradients and outside `torch.compile` it is kept on the gate until `weight` or
-    `bias` change (their version counters and storage)."""
-    keep = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    `bias` change (their version counters and storage); not under tensor parallelism, where they are the
+    local shards of DTensors, whose version counters stay put when the DTensor is written in place (an
+    optimizer step)."""
+    keep = not torch.is_grad_enabled() and not torch.compiler.is_compiling() and gate.tp_group is None
     if keep:
         key = (weight._version, bias._version, weight.data_ptr(), bias.data_ptr())
         cached = gate.query_key_matrix_cache

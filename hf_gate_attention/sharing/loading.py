@@ -9,6 +9,7 @@ import transformers
 from ..core.config import GateConfig
 from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.patching import patch
+from ..core.tensor_parallel import like_parameter
 from ..files import check_safetensors_folder
 from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
@@ -163,7 +164,7 @@ def load_gate_tensors(model, saved: dict, path: str) -> None:
                     f"gate weight {key} has shape {tuple(tensor.shape)} in {path} but the model expects "
                     f"{tuple(state[key].shape)}"
                 )
-            tensors[key] = tensor
+            tensors[key] = like_parameter(state[key], tensor)  # this rank's shard under TP
     model.load_state_dict(tensors, strict=False)
 
 

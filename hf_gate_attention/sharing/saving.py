@@ -14,8 +14,10 @@ import re
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
 import transformers
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers.models.auto import modeling_auto
 
 from ..core.families import AttentionFamily, registered_family
@@ -27,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 ENTRY_MODULE = "modeling_gated_attention"
 # copied verbatim, imports renamed
-RUNTIME_MODULES = ("config", "variants", "families", "gate", "hooks", "streaming")
+RUNTIME_MODULES = ("config", "variants", "families", "gate", "hooks", "streaming", "tensor_parallel")
 RUNTIME_PREFIX = "gated_attention_"
 _CORE_DIR = Path(__file__).parents[1] / "core"
 
@@ -146,13 +148,15 @@ def entry_file(family: AttentionFamily | None, classes: dict[str, str]) -> str:
 def unshared_state_dict(state: dict) -> dict:
     """`state` with a copy of each tensor that shares its buffer with another tensor of `state` at another
     offset (the merged query/gate weights of backend `fused_gate`): transformers would take them for tied
-    weights and save only one. Real aliases (tied embeddings: one tensor under two names) stay as they are."""
+    weights and save only one. Real aliases (tied embeddings: one tensor under two names) stay as they are,
+    and so do DTensors (tensor parallelism: transformers gathers them; `fused_gate` does not run under TP)."""
+    plain = {key: tensor for key, tensor in state.items() if not isinstance(tensor, DTensor)}
     starts_by_buffer: dict[int, set[int]] = {}
-    for tensor in state.values():
+    for tensor in plain.values():
         starts_by_buffer.setdefault(tensor.untyped_storage().data_ptr(), set()).add(tensor.data_ptr())
     return {
         key: tensor.detach().clone()
-        if len(starts_by_buffer[tensor.untyped_storage().data_ptr()]) > 1
+        if key in plain and len(starts_by_buffer[tensor.untyped_storage().data_ptr()]) > 1
         else tensor
         for key, tensor in state.items()
     }
@@ -184,6 +188,8 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
     if len(args) < 2:  # the state_dict is transformers' third positional argument
         kwargs["state_dict"] = unshared_state_dict(kwargs.get("state_dict") or base.state_dict())
     main_process = args[0] if args else kwargs.get("is_main_process", True)
+    if dist.is_available() and dist.is_initialized():  # transformers writes on rank 0 alone (and gathers
+        main_process = main_process and dist.get_rank() == 0  # a TP model's shards on every rank)
     if not main_process:  # the other ranks of a distributed save write nothing of ours
         return type(base).save_pretrained(base, save_directory, *args, **kwargs)
     with staged_update(Path(save_directory), owned=_SAVED_BY_US.fullmatch) as folder:

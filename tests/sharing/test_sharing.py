@@ -172,6 +172,18 @@ def test_auto_gated_classes_rebuild_the_task_head(saved_cases, name):
         assert torch.equal(first_output(model(**saved["inputs"])), saved["expected"])
 
 
+def test_gates_of_a_remote_code_model_are_its_gate_parameters(saved_cases):
+    """`gate_parameters` / `freeze_all_but_gates` find the gates of a `trust_remote_code` load, whose class is
+    the checkpoint's copy of `AttentionGate` (they froze every parameter before)."""
+    folder = str(saved_cases / "llama-output-headwise-top1-kvgroup")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    gates = {name for name, _ in model.named_parameters() if ".attn_gate." in name}
+    assert type(model.model.layers[0].self_attn.attn_gate) is not hf_gate_attention.AttentionGate
+    hf_gate_attention.freeze_all_but_gates(model)
+    assert {name for name, p in model.named_parameters() if p.requires_grad} == gates
+    assert len(gates) == 2 * model.config.num_hidden_layers
+
+
 def test_unpatch_restores_plain_saving(tmp_path):
     model = patch(tiny_model("llama"), GateConfig())
     assert "save_pretrained" in vars(model) and "push_to_hub" in vars(model)

@@ -33,7 +33,6 @@ from .gate import AttentionGate, apply_gate, called_bare
 from .tensor_parallel import (
     GATE_STYLE,
     block_sharding,
-    check_gate_config,
     effective_plan,
     generic_name,
     shard_gate,
@@ -535,7 +534,6 @@ def tensor_parallel_sharding(model: nn.Module, config: GateConfig, layout: list)
     size = tensor_parallel_size(model.config)
     if size == 1:
         return None
-    check_gate_config(config)
     plan = effective_plan(model)
     return {block.name: block_sharding(block, plan, size) for block in layout}
 

@@ -93,17 +93,6 @@ def block_sharding(block, plan: dict[str, str], size: int) -> bool:
     return True
 
 
-def check_gate_config(config) -> None:
-    """`ValueError` for a `GateConfig` that tensor parallelism cannot run as one process does."""
-    if config.dropped_reads_keys:
-        raise ValueError(
-            "gated attention under tensor parallelism: GateConfig.top_k_sink/top_k_window need the "
-            "attention function that reads sink and window keys for the dropped units, which is not "
-            "checked against one process under TP; use top_k without top_k_sink/top_k_window (each rank "
-            "then selects among every rank's heads), or load without tensor parallelism"
-        )
-
-
 class _AllReduceGradient(torch.autograd.Function):
     """Identity forward; backward sums the gradient over the TP group (the gate's part of a replicated
     input's gradient is this rank's heads' part)."""

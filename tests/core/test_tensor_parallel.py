@@ -23,10 +23,10 @@ import transformers
 from helpers import torchrun
 from model_zoo import zoo_model
 from safetensors.torch import load_file
+from tp_worker import computed
 
 import hf_gate_attention
 from hf_gate_attention import (
-    freeze_all_but_gates,
     gate_parameters,
     load_gate_adapter,
     patch,
@@ -42,7 +42,6 @@ GATES = [
     for variant in ("output", "value", "qk")
     for granularity in ("headwise", "elementwise")
 ]
-LEARNING_RATE, NEW_TOKENS = {"all": 0.1, "gates": 1.0}, 6  # as in the worker
 
 
 def gate_name(gate: dict) -> str:
@@ -74,23 +73,7 @@ def load_one_process(case: dict):
 
 def one_process(case: dict) -> dict:
     """What the worker computes for `case`, without tensor parallelism."""
-    model = load_one_process(case)
-    ids = torch.randint(3, 99, (2, 11), generator=torch.Generator().manual_seed(7))  # the worker's
-    with torch.no_grad():
-        result = {"logits": model(input_ids=ids).logits}
-    if case.get("generate"):
-        result["generated"] = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
-    if case.get("train"):
-        if case["train"] == "gates":
-            freeze_all_but_gates(model)
-        trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        optimizer = torch.optim.SGD(trainable.values(), lr=LEARNING_RATE[case["train"]])
-        model(input_ids=ids, labels=ids).loss.backward()
-        result["grads"] = {name: p.grad.detach().clone() for name, p in trainable.items()}
-        optimizer.step()
-        with torch.no_grad():
-            result["logits_after_step"] = model(input_ids=ids).logits
-    return result
+    return computed(load_one_process(case), case)
 
 
 def build_cases(root: Path) -> tuple[list[dict], list[dict]]:
@@ -121,20 +104,36 @@ def build_cases(root: Path) -> tuple[list[dict], list[dict]]:
     for gate in GATES:  # identity init: the same gates on every rank and here
         name = f"llama-patch-{gate_name(gate)}"
         two.append({"name": name, "load": "patch", "path": str(base), "gate": gate, "train": "gates"})
-    for top_k in ({"top_k": 2}, {"top_k": 1, "top_k_unit": "kv_group"}):  # heads of both ranks compete
-        gate = {"variant": "output", "granularity": "elementwise", **top_k}
+    top_ks = (  # the heads of both ranks compete; dropped ones read their sink and window keys
+        {"top_k": 2},
+        {"top_k": 1, "top_k_unit": "kv_group"},
+        {"top_k": 1, "top_k_unit": "kv_group", "top_k_sink": 2, "top_k_window": 3},
+    )
+    for top_k in top_ks:
+        gate = {"variant": "qk" if "top_k_sink" in top_k else "output", "granularity": "elementwise", **top_k}
         path = str(save_gated(root / f"llama-top-{gate_name(top_k)}", "llama", gate))
         name = f"llama-top-k-{gate_name(top_k)}"
         two.append({"name": name, "load": "package", "path": path, "train": "all", "generate": True})
+        two.append({"name": f"{name}-remote", "load": "remote", "path": path, "train": "gates"})
     phi3 = str(save_gated(root / "phi3-qk", "phi3", {"variant": "qk", "granularity": "elementwise"}))
     two.append({"name": "phi3-whole-heads", "load": "package", "path": phi3, "train": "all"})
+    whole = {
+        f"model.layers.*.self_attn.{name}": "colwise_gather_output" for name in ("q_proj", "k_proj", "v_proj")
+    }
+    whole["model.layers.*.self_attn.o_proj"] = "rowwise_split_input"  # the attention of every rank whole
+    path = str(root / "llama-value-headwise")
+    two.append(
+        {"name": "llama-whole-heads-plan", "load": "remote", "path": path, "tp_plan": whole, "train": "all"}
+    )
+    latent = root / "deepseek_v3-base"
+    zoo_model("deepseek_v3").save_pretrained(latent)
     mqa = root / "llama-one-kv-head"
     zoo_model("llama", num_key_value_heads=1).save_pretrained(mqa)
     refused = {
         "one-kv-head": (str(mqa), {"variant": "value"}),
         "fused-gate": (str(base), {"backend": "fused_gate"}),
         "sparse": (str(base), {"top_k": 2, "sparse": True}),
-        "window": (str(base), {"top_k": 2, "top_k_window": 4}),
+        "latent": (str(latent), {"variant": "output"}),
     }
     for name, (path, gate) in refused.items():
         two.append({"name": f"refused-{name}", "load": "patch", "path": path, "gate": gate})
@@ -225,7 +224,11 @@ def test_gate_gradients_are_those_of_every_gate(tp_runs):
         ("refused-one-kv-head", "4 query heads and 1 key/value heads, which 2 ranks cannot share out whole"),
         ("refused-fused-gate", "backend='fused_gate' under tensor parallelism"),
         ("refused-sparse", "sparse=True under tensor parallelism"),
-        ("refused-window", "top_k_sink/top_k_window need the attention function"),
+        (
+            "refused-latent",
+            "the TP plan splits the heads of model.layers.0.self_attn (DeepseekV3Attention) as "
+            "{q_a_proj: not in the plan, o_proj: rowwise}",
+        ),
     ],
 )
 def test_what_cannot_shard_is_refused_with_the_reason(tp_runs, name, message):

@@ -10,7 +10,7 @@ Usage: `python -m torch.distributed.run --standalone --nproc_per_node N tests/co
   with `distributed_config=`), `"remote"` (`AutoModelForCausalLM.from_pretrained(path,
   trust_remote_code=True, tp_plan="auto")`), `"adapter"` (transformers' ungated model at `path`, then
   `load_gate_adapter(model, adapter)`), `"patch"` (the ungated model, then `patch(model, **gate)`);
-- `path`, and `adapter` / `gate` where the load needs them;
+- `path`, and `adapter` / `gate` where the load needs them; `tp_plan`: `DistributedConfig.tp_plan` rules;
 - `train`: `"all"` (every parameter), `"gates"` (`freeze_all_but_gates`) or absent (inference only);
 - `generate`: whether to run a greedy `generate`;
 - `save`: whether every rank calls `save_pretrained(OUT/<name>-saved)` (before any training).
@@ -45,7 +45,8 @@ def inputs() -> torch.Tensor:
 
 
 def load(case: dict, size: int):
-    tp = {"distributed_config": DistributedConfig(tp_size=size)} if case["load"] != "package" else {}
+    distributed = DistributedConfig(tp_size=size, tp_plan=case.get("tp_plan"))
+    tp = {"distributed_config": distributed} if case["load"] != "package" else {}
     tp = tp or {"tp_plan": "auto"}
     if case["load"] in ("package", "distributed_config"):
         return hf_gate_attention.from_pretrained(case["path"], **tp)
@@ -61,10 +62,10 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
 
 
-def run(case: dict, size: int, out: Path) -> dict:
-    model = load(case, size)
-    if case.get("save"):
-        model.save_pretrained(out / f"{case['name']}-saved")
+def computed(model, case: dict) -> dict:
+    """What the test compares for `case`: the logits on `inputs()`, then with `generate` the greedy ids, and
+    with `train` the gradient of every trainable parameter (full tensors) and the logits after an SGD step.
+    The test computes the same in one process with this function."""
     ids = inputs()
     with torch.no_grad():
         result = {"logits": model(input_ids=ids).logits}
@@ -81,6 +82,13 @@ def run(case: dict, size: int, out: Path) -> dict:
         with torch.no_grad():
             result["logits_after_step"] = model(input_ids=ids).logits
     return result
+
+
+def run(case: dict, size: int, out: Path) -> dict:
+    model = load(case, size)
+    if case.get("save"):
+        model.save_pretrained(out / f"{case['name']}-saved")
+    return computed(model, case)
 
 
 def main(cases_file: str, out: str) -> None:

@@ -132,6 +132,11 @@ def test_norms_are_zero_centred_and_the_gate_packed_per_head():
     assert torch.equal(state[o_proj], 2 * ours[o_proj])  # init="identity": 2 * sigmoid(z)
 
 
+def test_public_names_are_lazy_exports():
+    assert hf_gate_attention.save_as_qwen3_5 is save_as_qwen3_5
+    assert hf_gate_attention.load_qwen3_5_checkpoint is load_qwen3_5_checkpoint
+
+
 def test_round_trip_through_qwen3_5(tmp_path):
     model = _gated("elementwise", "paper", biases=True)
     write_qwen3_5_checkpoint(model, tmp_path / "qwen3_5", keep_biases=True)

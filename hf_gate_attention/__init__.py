@@ -83,6 +83,8 @@ _LAZY = {
             "save_in_paper_layout",
             "qwen3_next_attention_to_ours",
             "ours_to_qwen3_next_attention",
+            "save_as_qwen3_5",
+            "load_qwen3_5_checkpoint",
         )
     },
     **{

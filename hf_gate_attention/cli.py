@@ -8,6 +8,7 @@ hf-gate-attention recipe summarization --config recipes/summarization/configs/de
 hf-gate-attention recipe distillation report results/distill --out results/DISTILLATION.md
 hf-gate-attention diagnose SmolLM2-135M-Instruct smollm2-gated --out diagnostics/
 hf-gate-attention convert QwQZh/gated_attention gated-headwise --subfolder 1B_gate_headwise
+hf-gate-attention convert qwen3-gated qwen3_5-checkpoint --to qwen3_5
 """
 
 from __future__ import annotations
@@ -330,29 +331,44 @@ def cmd_diagnose(args) -> None:
 
 
 def cmd_convert(args) -> None:
-    """Convert a checkpoint in the paper's layout to ours (`--to ours`) or one of ours to the paper's."""
+    """Convert a checkpoint in the paper's layout or Qwen3.5's to ours (`--to ours`, the layout read off the
+    source's `model_type`), or one of ours to the paper's (`--to paper`) or Qwen3.5's (`--to qwen3_5`)."""
     import transformers
+    from transformers.utils import cached_file
 
     from .core.patching import gate_config_of
-    from .files import staged_folder
-    from .sharing.layouts import load_paper_checkpoint, write_paper_layout
+    from .files import read_json, staged_folder
+    from .sharing.layouts import (
+        is_qwen3_5_config,
+        load_paper_checkpoint,
+        load_qwen3_5_checkpoint,
+        write_paper_layout,
+        write_qwen3_5_checkpoint,
+    )
     from .sharing.loading import from_pretrained
 
     hub = {"subfolder": args.subfolder} if args.subfolder else {}
+    if args.keep_biases and args.to != "qwen3_5":
+        raise ValueError("--keep-biases applies to --to qwen3_5 only")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(args.source, **hub)
     except (OSError, ValueError, KeyError):
         tokenizer = None
     with staged_folder(Path(args.output), overwrite=args.overwrite, inputs=[args.source]) as staging:
         if args.to == "ours":
-            model = load_paper_checkpoint(args.source, backend="torch", **hub)
+            config = read_json(cached_file(args.source, "config.json", **hub))
+            load = load_qwen3_5_checkpoint if is_qwen3_5_config(config) else load_paper_checkpoint
+            model = load(args.source, backend="torch", **hub)
             model.save_pretrained(staging)
         else:
             model = from_pretrained(args.source, backend="torch", **hub)
-            write_paper_layout(model, staging)
+            if args.to == "qwen3_5":
+                write_qwen3_5_checkpoint(model, staging, keep_biases=args.keep_biases)
+            else:
+                write_paper_layout(model, staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
-    layout = "our layout" if args.to == "ours" else "the paper's layout"
+    layout = {"ours": "our layout", "paper": "the paper's layout", "qwen3_5": "Qwen3.5's layout"}[args.to]
     granularity = gate_config_of(model).granularity
     print(f"Wrote {type(model).__name__} ({granularity} gates) in {layout} to {args.output}")
     if tokenizer is None:
@@ -445,15 +461,22 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose_parser.set_defaults(func=cmd_diagnose)
 
     convert_parser = commands.add_parser(
-        "convert", help="convert a gated checkpoint between the paper's q_proj layout and ours"
+        "convert", help="convert a gated checkpoint between ours and the paper's or Qwen3.5's q_proj layout"
     )
     convert_parser.add_argument("source", help="checkpoint folder or Hub id (e.g. QwQZh/gated_attention)")
     convert_parser.add_argument("output", help="folder to write (must be new or empty, or --overwrite)")
     convert_parser.add_argument(
         "--to",
-        choices=["ours", "paper"],
+        choices=["ours", "paper", "qwen3_5"],
         default="ours",
-        help="ours (default): read a checkpoint in the paper's layout; paper: read one of ours",
+        help="ours (default): read a checkpoint in the paper's layout or a Qwen3.5 text one (all layers full "
+        "attention); paper: read one of ours; qwen3_5: read one of ours (qwen3, variant output), write a "
+        "transformers Qwen3_5ForCausalLM checkpoint",
+    )
+    convert_parser.add_argument(
+        "--keep-biases",
+        action="store_true",
+        help="--to qwen3_5: write nonzero attention biases (gate, q/k/v/o), which vLLM and SGLang drop",
     )
     convert_parser.add_argument("--subfolder", help="folder inside the Hub repo (e.g. 1B_gate_headwise)")
     convert_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")

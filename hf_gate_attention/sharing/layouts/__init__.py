@@ -14,7 +14,10 @@ Shapes: `H` query heads, `KV` key/value heads, `G = H // KV` query heads per key
 One module per layout, on the packing both share (`packing`: `split_q_proj`, `pack_q_proj`): whole paper
 checkpoints load with `paper.load_paper_checkpoint` (also through `hf_gate_attention.from_pretrained`) and
 are written with `paper.save_in_paper_layout`; a Qwen3-Next layer converts at state-dict level
-(`qwen3_next.qwen3_next_attention_to_ours` / `qwen3_next.ours_to_qwen3_next_attention`).
+(`qwen3_next.qwen3_next_attention_to_ours` / `qwen3_next.ours_to_qwen3_next_attention`); a whole patched
+qwen3 causal LM is written as a transformers Qwen3.5 text checkpoint (`Qwen3_5ForCausalLM`, every layer full
+attention) with `qwen3_5.write_qwen3_5_checkpoint` / `qwen3_5.save_as_qwen3_5`, and read back with
+`qwen3_5.load_qwen3_5_checkpoint`.
 """
 
 from .packing import LAYOUTS, pack_q_proj, q_proj_widths, split_q_proj
@@ -36,6 +39,15 @@ from .paper import (
     save_in_paper_layout,
     write_paper_layout,
 )
+from .qwen3_5 import (
+    QWEN3_5_ARCHITECTURE,
+    is_qwen3_5_config,
+    load_qwen3_5_checkpoint,
+    qwen3_5_config,
+    qwen3_5_state_dict,
+    save_as_qwen3_5,
+    write_qwen3_5_checkpoint,
+)
 from .qwen3_next import (
     QWEN3_NEXT_MATCHING_FIELDS,
     check_qwen3_next_match,
@@ -50,13 +62,16 @@ __all__ = [
     "PAPER_FLAGS",
     "PAPER_MODEL_TYPES",
     "PAPER_ONLY_KEYS",
+    "QWEN3_5_ARCHITECTURE",
     "QWEN3_NEXT_MATCHING_FIELDS",
     "QWEN3_ONLY_KEYS",
     "check_qwen3_next_match",
     "config_from_paper",
     "config_to_paper",
     "is_paper_config",
+    "is_qwen3_5_config",
     "load_paper_checkpoint",
+    "load_qwen3_5_checkpoint",
     "ours_state_dict_to_paper",
     "ours_to_qwen3_next_attention",
     "pack_q_proj",
@@ -64,8 +79,12 @@ __all__ = [
     "paper_granularity",
     "paper_state_dict_to_ours",
     "q_proj_widths",
+    "qwen3_5_config",
+    "qwen3_5_state_dict",
     "qwen3_next_attention_to_ours",
+    "save_as_qwen3_5",
     "save_in_paper_layout",
     "split_q_proj",
     "write_paper_layout",
+    "write_qwen3_5_checkpoint",
 ]

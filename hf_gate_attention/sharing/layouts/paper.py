@@ -215,8 +215,9 @@ def _tied_aliases(model: nn.Module) -> list[set[str]]:
     return [keys for keys in by_tensor.values() if len(keys) > 1]
 
 
-def _load_strict(model: nn.Module, state: dict, source: str) -> None:
-    """Load `state` into `model`; tied keys may be given once; any other missing or extra key is an error."""
+def _load_strict(model: nn.Module, state: dict, source: str, assign: bool = False) -> None:
+    """Load `state` into `model`; tied keys may be given once; any other missing or extra key is an error.
+    `assign`: the tensors become the parameters (a model built on the meta device)."""
     state = dict(state)
     for keys in _tied_aliases(model):
         given = sorted(keys & set(state))
@@ -229,7 +230,7 @@ def _load_strict(model: nn.Module, state: dict, source: str) -> None:
             f"the converted weights of {source} do not match {type(model).__name__}: missing {missing[:4]}, "
             f"unexpected {unexpected[:4]}"
         )
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=assign)
 
 
 def load_paper_checkpoint(

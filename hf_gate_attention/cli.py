@@ -112,13 +112,14 @@ def cmd_patch(args) -> None:
     from .core.patching import gate_parameters, patch
     from .files import staged_folder
     from .offline import resolve_model
+    from .sharing.loading import checkpoint_config
 
     output = Path(args.output)
     gate = _gate_config(args)
     # refuses a busy output, or one that is the input, first
     with staged_folder(output, overwrite=args.overwrite, inputs=[args.model]) as staging:
         model_path = resolve_model(args.model)
-        config = transformers.AutoConfig.from_pretrained(model_path)
+        config = checkpoint_config(model_path)
         if getattr(config, CONFIG_ATTRIBUTE, None) is not None:
             raise ValueError(
                 f"{args.model} is gated already (its config.json holds {CONFIG_ATTRIBUTE}): patching it "
@@ -375,6 +376,31 @@ def cmd_convert(args) -> None:
         print("warning: no tokenizer found beside the source checkpoint; none saved", file=sys.stderr)
 
 
+def cmd_serve(args) -> None:
+    """transformers' OpenAI-compatible server with the gated model loaded by this package."""
+    from transformers.utils.import_utils import is_serve_available
+
+    if not is_serve_available():
+        raise ValueError(
+            "serve needs transformers' server dependencies (fastapi, uvicorn, pydantic, openai): "
+            "pip install 'hf-gate-attention[serving]'"
+        )
+    from .serving import GatedServe
+
+    GatedServe(
+        force_model=args.model,
+        host=args.host,
+        port=args.port,
+        continuous_batching=args.continuous_batching,
+        device=args.device,
+        dtype=args.dtype,
+        attn_implementation=args.attn_implementation,
+        max_model_len=args.max_model_len,
+        log_level=args.log_level,
+        backend=args.backend,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -481,6 +507,24 @@ def build_parser() -> argparse.ArgumentParser:
     convert_parser.add_argument("--subfolder", help="folder inside the Hub repo (e.g. 1B_gate_headwise)")
     convert_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     convert_parser.set_defaults(func=cmd_convert)
+
+    serve_parser = commands.add_parser(
+        "serve",
+        help="serve a gated checkpoint with transformers' OpenAI-compatible server ([serving] extra)",
+    )
+    serve_parser.add_argument("model", help="gated checkpoint (ours or the paper's layout): folder or Hub id")
+    serve_parser.add_argument("--host", default="localhost", help="listen address (default localhost)")
+    serve_parser.add_argument("--port", type=_at_least(1), default=8000, help="listen port (default 8000)")
+    serve_parser.add_argument(
+        "--continuous-batching", action="store_true", help="continuous batching over paged attention"
+    )
+    serve_parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda:0, ...")
+    serve_parser.add_argument("--dtype", default="auto", help="auto (default: the weights'), bfloat16, ...")
+    serve_parser.add_argument("--attn-implementation", help="sdpa, eager, flash_attention_2, ...")
+    serve_parser.add_argument("--max-model-len", type=_at_least(1), help="longest prompt plus answer, tokens")
+    serve_parser.add_argument("--log-level", default="warning", help="warning (default), info, debug")
+    _add_backend_option(serve_parser)
+    serve_parser.set_defaults(func=cmd_serve)
 
     info_parser = commands.add_parser(
         "info", help="what a gated checkpoint (ours or the paper's layout) or a gate adapter contains"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 
 import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..core.config import GateConfig
 from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ..core.model_type import base_names, is_gated_model_type
 from ..core.patching import patch
 from ..core.tensor_parallel import like_parameter
 from ..files import check_safetensors_folder
@@ -15,6 +17,18 @@ from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
 
 logger = logging.getLogger(__name__)
+
+
+def checkpoint_config(path: str, **hub_kwargs):
+    """transformers' config of the checkpoint at `path` (folder or Hub id), as `AutoConfig` reads it, except
+    that a gated checkpoint of ours (`config.json` naming model type `gated_<base>`, `core/model_type.py`)
+    is read as its base model's config, without its remote code. `hub_kwargs`: `revision`, `token`, ..."""
+    config_dict, _ = transformers.PretrainedConfig.get_config_dict(path, **hub_kwargs)
+    if not is_gated_model_type(config_dict.get("model_type")):
+        return transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
+    named = base_names(config_dict)
+    named.pop("auto_map", None)  # the remote code's classes; this package patches transformers' own
+    return CONFIG_MAPPING[named["model_type"]].from_dict(named)
 
 
 def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwargs):
@@ -31,7 +45,7 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
     """
     hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "subfolder") if k in kwargs}
-    config = transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
+    config = checkpoint_config(path, **hub_kwargs)
     if is_paper_config(config.to_dict()):
         return load_paper_checkpoint(path, model_class, backend=backend, **kwargs)
     gate_dict = getattr(config, CONFIG_ATTRIBUTE, None)
@@ -97,7 +111,7 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
     """The model saved at `path` (folder or Hub id), gated (through `from_pretrained`: ours or the paper's
     layout) or not (through the transformers class named in `config.architectures`); `kwargs` as in
     `from_pretrained`."""
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = checkpoint_config(path)
     if getattr(config, CONFIG_ATTRIBUTE, None) is not None or is_paper_config(config.to_dict()):
         return from_pretrained(path, backend=backend, **kwargs)
     name = (config.architectures or ["AutoModel"])[0]

@@ -9,6 +9,7 @@ builds transformers' own model class and adds the same gates with the same hooks
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -22,14 +23,24 @@ from transformers.models.auto import modeling_auto
 
 from ..core.families import AttentionFamily, registered_family
 from ..core.hooks import unwrap_model
-from ..files import atomic_write_text, staged_update
+from ..core.model_type import GATED_CLASS_PREFIX, GATED_MODEL_TYPE_PREFIX, gated_names
+from ..files import atomic_write_text, read_json, staged_update
 from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
 ENTRY_MODULE = "modeling_gated_attention"
 # copied verbatim, imports renamed
-RUNTIME_MODULES = ("config", "variants", "families", "gate", "hooks", "streaming", "tensor_parallel")
+RUNTIME_MODULES = (
+    "config",
+    "variants",
+    "families",
+    "gate",
+    "hooks",
+    "streaming",
+    "tensor_parallel",
+    "model_type",
+)
 RUNTIME_PREFIX = "gated_attention_"
 _CORE_DIR = Path(__file__).parents[1] / "core"
 
@@ -37,14 +48,23 @@ ENTRY_TEMPLATE = '''"""Gated attention for this checkpoint (written by hf-gate-a
 
 `{auto_class}.from_pretrained(<this folder or repo>, trust_remote_code=True)` builds transformers' own
 `{base_class}` and adds the gates described by `config.gate_attention` with the hooks of
-`gated_attention_hooks.py` (a copy of `hf_gate_attention/core/hooks.py`). Needs only torch and transformers.
+`gated_attention_hooks.py` (a copy of `hf_gate_attention/core/hooks.py`). `config.json` names the model type
+`{gated_model_type}` (`gated_attention_model_type.py`), so that loaders without this code refuse it rather
+than load the model without its gates. Needs only torch and transformers.
 """
 
+import json
+
 import transformers
+from transformers.conversion_mapping import (
+    get_checkpoint_conversion_mapping,
+    register_checkpoint_conversion_mapping,
+)
 
 from .gated_attention_config import GateConfig
 from .gated_attention_families import AttentionFamily
 from .gated_attention_hooks import add_gates, attention_layout
+from .gated_attention_model_type import base_names, gated_names
 from .gated_attention_streaming import ATTN_IMPLEMENTATION, register_attention_implementation
 
 # a family registered by hand for this model type when it was saved; None: the structural search
@@ -59,13 +79,36 @@ def _add_gates(model):
     if in_attention:
         register_attention_implementation()
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def _share_conversions(gated):
+    """transformers' weight conversions registered for the name of the class `gated` extends apply to it."""
+    base = gated.__mro__[1].__name__
+    conversions = get_checkpoint_conversion_mapping(base)
+    if conversions is not None:
+        register_checkpoint_conversion_mapping(gated.__name__, conversions, overwrite=True)
+
+
+class {gated_config}(transformers.{base_config}):
+    """transformers' `{base_config}` (model type `{model_type}` in memory), read from and written to a
+    config.json that names the model type `{gated_model_type}`."""
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        return base_names(config_dict, architectures=False), kwargs
+
+    def to_json_string(self, use_diff: bool = True) -> str:
+        named = gated_names(json.loads(super().to_json_string(use_diff)))
+        return json.dumps(named, indent=2, sort_keys=True) + "\\n"
 '''
 
 CLASS_TEMPLATE = '''
 
-class {base_class}(transformers.{base_class}):
-    """transformers' `{base_class}` with gated attention (same name: its checkpoint key conversions apply)."""
+class {gated_class}(transformers.{base_class}):
+    """transformers' `{base_class}` with gated attention."""
 
+    config_class = {gated_config}
     _auto_class = "{auto_class}"
 
     def __init__(self, config, *args, **kwargs):
@@ -76,6 +119,9 @@ class {base_class}(transformers.{base_class}):
     def is_custom_code(cls):
         # transformers' own class plus hooks: its checkpoint key conversions (legacy names) still apply
         return False
+
+
+_share_conversions({gated_class})
 '''
 
 
@@ -105,12 +151,13 @@ def transformers_class(model: nn.Module) -> type | None:
 def remote_classes(model: nn.Module) -> dict[str, str]:
     """Auto class name -> transformers class name for the saved class and its base model class.
 
-    Empty when the model's class is not one of transformers' own (then `trust_remote_code` loading is
-    unavailable and only `hf_gate_attention.from_pretrained` loads the checkpoint).
+    Empty when the model's class or its config's is not one of transformers' own (then `trust_remote_code`
+    loading is unavailable and only `hf_gate_attention.from_pretrained` loads the checkpoint).
     """
     model_type = model.config.model_type
     cls = transformers_class(model)
-    if cls is None:
+    config_class = type(model.config)
+    if cls is None or getattr(transformers, config_class.__name__, None) is not config_class:
         return {}
     classes = {}
     for class_name in (cls.__name__, modeling_auto.MODEL_MAPPING_NAMES.get(model_type)):
@@ -131,17 +178,30 @@ def runtime_files() -> dict[str, str]:
     return files
 
 
-def entry_file(family: AttentionFamily | None, classes: dict[str, str]) -> str:
-    """Source of `modeling_gated_attention.py`: a gated subclass of each transformers class in `classes`."""
+def entry_file(config, family: AttentionFamily | None, classes: dict[str, str]) -> str:
+    """Source of `modeling_gated_attention.py`: a gated subclass of `config`'s class (the `AutoConfig` of
+    the checkpoint) and of each transformers class in `classes`."""
     first_auto, first_class = next(iter(classes.items()))
     source = ENTRY_TEMPLATE.format(
-        version=__version__, auto_class=first_auto, base_class=first_class, family=family
+        version=__version__,
+        auto_class=first_auto,
+        base_class=first_class,
+        family=family,
+        base_config=type(config).__name__,
+        gated_config=GATED_CLASS_PREFIX + type(config).__name__,
+        model_type=config.model_type,
+        gated_model_type=GATED_MODEL_TYPE_PREFIX + config.model_type,
     )
     auto_by_class = {}
     for auto_name, class_name in classes.items():
         auto_by_class.setdefault(class_name, auto_name)
     for class_name, auto_name in auto_by_class.items():
-        source += CLASS_TEMPLATE.format(base_class=class_name, auto_class=auto_name)
+        source += CLASS_TEMPLATE.format(
+            base_class=class_name,
+            gated_class=GATED_CLASS_PREFIX + class_name,
+            gated_config=GATED_CLASS_PREFIX + type(config).__name__,
+            auto_class=auto_name,
+        )
     return source
 
 
@@ -198,9 +258,15 @@ def save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
 
 
 def _save_with_remote_code(base: nn.Module, folder: Path, classes: dict, *args, **kwargs):
+    """transformers' save into `folder`, then the gated names in its `config.json` (`core/model_type.py`)
+    and, for a transformers class, the remote code that `auto_map` points to."""
     previous = getattr(base.config, "auto_map", None)
     if classes:
-        base.config.auto_map = {auto: f"{ENTRY_MODULE}.{name}" for auto, name in classes.items()}
+        gated_config = GATED_CLASS_PREFIX + type(base.config).__name__
+        base.config.auto_map = {
+            "AutoConfig": f"{ENTRY_MODULE}.{gated_config}",
+            **{auto: f"{ENTRY_MODULE}.{GATED_CLASS_PREFIX}{name}" for auto, name in classes.items()},
+        }
     try:
         result = type(base).save_pretrained(base, folder, *args, **kwargs)
     finally:
@@ -208,9 +274,12 @@ def _save_with_remote_code(base: nn.Module, folder: Path, classes: dict, *args, 
             del base.config.auto_map
         elif classes:
             base.config.auto_map = previous
+    config_file = folder / "config.json"
+    named = gated_names(read_json(config_file))
+    atomic_write_text(config_file, json.dumps(named, indent=2, sort_keys=True) + "\n")
     if classes:
         family = registered_family(base.config.model_type)
-        files = {f"{ENTRY_MODULE}.py": entry_file(family, classes), **runtime_files()}
+        files = {f"{ENTRY_MODULE}.py": entry_file(base.config, family, classes), **runtime_files()}
         for name, text in files.items():
             atomic_write_text(folder / name, text)
     return result

@@ -240,8 +240,12 @@ def test_usage_without_the_package_follows_auto_map(tmp_path):
     config.pop("auto_map", None)  # as saved without the remote code
     config_path.write_text(json.dumps(config))
     text = str(render_model_card(tmp_path / "m", repo_id="me/m"))
-    assert 'AutoModelForCausalLM.from_pretrained("me/m", trust_remote_code=True)' in text
-    assert "has no `auto_map` entry" in text
+    assert "has no `auto_map` entry and names the model type `gated_llama`" in text
+    assert "transformers alone refuses to load it" in text and "trust_remote_code=True" not in text
+    before = {**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}  # as written before
+    config_path.write_text(json.dumps(before))
+    text = str(render_model_card(tmp_path / "m", repo_id="me/m"))
+    assert "alone loads the plain `LlamaForCausalLM` without the gates" in text
 
     config["auto_map"] = {
         "AutoModel": "modeling_gated_attention.GatedLlamaModel",

@@ -192,7 +192,7 @@ def test_reading_refuses_what_a_gated_qwen3_cannot_hold(tmp_path):
     with pytest.raises(ValueError, match=r"partial_rotary_factor 0.25 \(Qwen3-Next\) != 1.0"):
         load_qwen3_5_checkpoint(partial)
     _gated().save_pretrained(tmp_path / "ours")
-    with pytest.raises(ValueError, match="model_type='qwen3', not 'qwen3_5_text'"):
+    with pytest.raises(ValueError, match="model_type='gated_qwen3', not 'qwen3_5_text'"):
         load_qwen3_5_checkpoint(str(tmp_path / "ours"))
 
 

@@ -18,6 +18,7 @@ from helpers import TINY_MODELS, first_output, make_tiny_model, tiny_inputs, tin
 import hf_gate_attention
 from hf_gate_attention import GateConfig, gate_parameters, patch, unpatch
 from hf_gate_attention.cli import main
+from hf_gate_attention.offline import resolve_model
 from hf_gate_attention.sharing.saving import ENTRY_MODULE, RUNTIME_MODULES, RUNTIME_PREFIX
 
 # (model_type, gate): every variant, both granularities, top-k (dropped groups reading nothing, or their sink
@@ -73,8 +74,11 @@ handler = logging.Handler()
 handler.emit = lambda record: messages.append(record.getMessage())
 transformers.logging.get_logger().addHandler(handler)
 transformers.logging.set_verbosity_warning()
-plain = transformers.AutoModelForCausalLM.from_pretrained(f"{root}/llama-output-headwise-top1-kvgroup")
-report["plain"] = {"class": type(plain).__name__, "warnings": "\n".join(messages)}
+try:  # without trust_remote_code (stdin is not a terminal: transformers does not ask)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(f"{root}/llama-output-headwise-top1-kvgroup")
+    report["plain"] = {"class": type(plain).__name__, "warnings": "\n".join(messages)}
+except ValueError as error:
+    report["plain"] = {"error": str(error)}
 messages.clear()
 try:
     transformers.AutoModelForCausalLM.from_pretrained(f"{root}/mismatch", trust_remote_code=True)
@@ -114,6 +118,7 @@ def without_package(saved_cases) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WITHOUT_PACKAGE, str(saved_cases)],
         env=env,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=600,
@@ -128,9 +133,12 @@ def test_saved_folder_holds_weights_code_and_auto_map(saved_cases):
     assert {"config.json", "model.safetensors", f"{ENTRY_MODULE}.py"} <= files
     assert {f"{RUNTIME_PREFIX}{module}.py" for module in RUNTIME_MODULES} <= files
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"]["AutoModel"] == f"{ENTRY_MODULE}.BertModel"
+    assert config["model_type"] == "gated_bert"
+    assert config["architectures"] == ["GatedBertForSequenceClassification"]
+    assert config["auto_map"]["AutoConfig"] == f"{ENTRY_MODULE}.GatedBertConfig"
+    assert config["auto_map"]["AutoModel"] == f"{ENTRY_MODULE}.GatedBertModel"
     assert config["auto_map"]["AutoModelForSequenceClassification"] == (
-        f"{ENTRY_MODULE}.BertForSequenceClassification"
+        f"{ENTRY_MODULE}.GatedBertForSequenceClassification"
     )
     assert config["gate_attention"]["variant"] == "qk"
 
@@ -140,7 +148,7 @@ def test_trust_remote_code_without_the_package_gives_identical_outputs(without_p
     model_type = CASES[name][0]
     auto = TINY_MODELS[model_type][1]
     base_class = auto._model_mapping[transformers.AutoConfig.for_model(model_type).__class__]
-    expected_class = f"{ENTRY_MODULE}.{base_class.__name__}"
+    expected_class = f"{ENTRY_MODULE}.Gated{base_class.__name__}"
     assert without_package[name]["class"] == expected_class
     assert without_package[name]["max_diff"] == 0.0
 
@@ -149,9 +157,11 @@ def test_resaving_with_transformers_alone_keeps_the_gate_code(without_package):
     assert without_package["resaved"]["max_diff"] == 0.0
 
 
-def test_plain_load_without_gate_code_warns_about_the_gate_weights(without_package):
-    assert without_package["plain"]["class"] == "LlamaForCausalLM"
-    assert "attn_gate" in without_package["plain"]["warnings"]
+def test_plain_load_without_the_gate_code_refuses(without_package):
+    """`config.json` names the model type `gated_llama`: an Auto class without `trust_remote_code` refuses it
+    instead of loading transformers' Llama without the gates."""
+    assert "class" not in without_package["plain"]
+    assert "Please pass the argument `trust_remote_code=True`" in without_package["plain"]["error"]
 
 
 def test_trust_remote_code_refuses_gate_shapes_that_do_not_match(without_package):
@@ -359,3 +369,41 @@ def test_info_lists_layers_in_numeric_order(tmp_path):
     patch(tiny_model("llama", num_hidden_layers=12)).save_pretrained(folder)
     layers = list(checkpoint_statistics(folder)["layers"])
     assert layers == [f"model.layers.{i}.self_attn" for i in range(12)]
+
+
+def test_gated_names_in_config_json_and_base_names_in_memory(tmp_path):
+    """`config.json` names `gated_llama` / `GatedLlamaForCausalLM`; a loaded model's config keeps the base
+    model type (PEFT's default LoRA targets, transformers' weight conversions look it up), through the package
+    and through the remote code, and `pipeline(..., trust_remote_code=True)` builds the gated class."""
+    peft = pytest.importorskip("peft")
+    model = patch(tiny_model("llama"), GateConfig(init="paper"))
+    model.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (saved["model_type"], saved["architectures"]) == ("gated_llama", ["GatedLlamaForCausalLM"])
+    remote = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", trust_remote_code=True)
+    for loaded in (hf_gate_attention.from_pretrained(tmp_path / "m"), remote):
+        assert loaded.config.model_type == "llama"
+        lora = peft.get_peft_model(loaded, peft.LoraConfig(r=2))  # default targets: llama's q_proj, v_proj
+        assert any("q_proj.lora_A" in name for name, _ in lora.named_parameters())
+    tokenizer = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")  # the tiny model has none
+    generator = transformers.pipeline(
+        "text-generation", model=str(tmp_path / "m"), tokenizer=tokenizer, trust_remote_code=True
+    )
+    assert type(generator.model).__name__ == "GatedLlamaForCausalLM"
+
+
+def test_a_checkpoint_written_before_gated_model_types_still_loads(tmp_path):
+    """Checkpoints of earlier versions name the base model type and transformers' classes."""
+    model = patch(tiny_model("llama"), GateConfig(init="paper"))
+    for param in gate_parameters(model):
+        torch.nn.init.normal_(param, std=0.5)
+    model.save_pretrained(tmp_path / "m")
+    config_path = tmp_path / "m" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    del config["auto_map"]
+    config_path.write_text(json.dumps(config))
+    inputs = tiny_inputs("llama")
+    loaded = hf_gate_attention.from_pretrained(tmp_path / "m")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=1e-6)

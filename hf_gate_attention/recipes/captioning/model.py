@@ -20,6 +20,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ...core.families import find_attention
 from ...core.hooks import attention_layout
 from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config
 from ...sharing.loading import from_pretrained as load_gated
 from ..common.config import RunSpec
 from ..common.distributed import patch_on_device
@@ -143,7 +144,7 @@ def check_captioner(config: CaptioningConfig, encoder_path: str, decoder_path: s
     computed once) or that cannot patch this model (`patch` on a weightless copy, `backend` included)."""
     from ...core.patching import patch, unpatch
 
-    encoder_config = AutoConfig.from_pretrained(encoder_path)
+    encoder_config = checkpoint_config(encoder_path)
     patch_size = getattr(encoder_config, "patch_size", None)
     if getattr(encoder_config, "num_channels", None) is None or not isinstance(patch_size, int):
         raise ValueError(
@@ -273,7 +274,7 @@ def cached_features(config: CaptioningConfig, encoder_path: str, processor, data
 
 def patch_grid(encoder_path: str, image_size: int) -> int:
     """Patches per side of the encoder's grid at `image_size`."""
-    return image_size // AutoConfig.from_pretrained(encoder_path).patch_size
+    return image_size // checkpoint_config(encoder_path).patch_size
 
 
 # ------------------------------------------------------------------------------------ training batches

@@ -19,10 +19,11 @@ import gc
 import logging
 from pathlib import Path
 
-from transformers import AutoConfig, TrainerCallback
+from transformers import TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config
 from ..common.config import split_limits
 from ..common.distributed import check_gates_patch, distributed_state, leave_after_training
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
@@ -190,7 +191,7 @@ def run_classification(
         model_path = resolve_model(config.model)
         data = load_data(config)
     check_modality(model_path, data.modality, config.dataset)
-    check_gates_patch(config, AutoConfig.from_pretrained(model_path), AUTO_CLASSES[data.modality])
+    check_gates_patch(config, checkpoint_config(model_path), AUTO_CLASSES[data.modality])
     claim_on_main(
         config, data_fingerprint(data.splits)
     )  # after the input was read: bad input leaves no folder

@@ -9,6 +9,7 @@ import torch
 import transformers
 from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification, set_seed
 
+from ...sharing.loading import checkpoint_config
 from ...sharing.loading import from_pretrained as load_gated
 from ..common.config import RunSpec
 from ..common.distributed import patch_on_device
@@ -19,7 +20,7 @@ AUTO_CLASSES = {"text": AutoModelForSequenceClassification, "image": AutoModelFo
 
 def model_modality(model_path: str) -> str:
     """`"image"` for a vision config (it has `num_channels`, as ViT and DINOv2), else `"text"`."""
-    config = transformers.AutoConfig.from_pretrained(model_path)
+    config = checkpoint_config(model_path)
     return "image" if hasattr(config, "num_channels") else "text"
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from ...core.hooks import CONFIG_ATTRIBUTE
 from ...core.patching import gate_config_of
 from ...files import read_json
 from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config
 from ...sharing.loading import from_pretrained as load_gated
 from ..common.distributed import patch_on_device
 from ..common.run_dir import CONFIG_FILE
@@ -59,7 +60,7 @@ def load_teacher(config: DistillationConfig) -> nn.Module:
             "first with the summarization recipe (`make reproduce` writes results/reproduce/output-headwise/"
             "model)"
         )
-    if getattr(AutoConfig.from_pretrained(folder), CONFIG_ATTRIBUTE, None) is None:
+    if getattr(checkpoint_config(folder), CONFIG_ATTRIBUTE, None) is None:
         raise ValueError(
             f"teacher folder {str(folder)!r} is not a gated checkpoint (its config.json has no "
             f"{CONFIG_ATTRIBUTE!r} entry): use a gated run of the summarization recipe, not its baseline"
@@ -156,7 +157,7 @@ def student_layer_map(config: DistillationConfig, teacher: nn.Module) -> list[in
     elif config.student is None:
         layer_map = default_layer_map(teacher_layers, config.student_num_layers or -(-teacher_layers // 2))
     else:
-        student_layers = AutoConfig.from_pretrained(resolve_model(config.student)).num_hidden_layers
+        student_layers = checkpoint_config(resolve_model(config.student)).num_hidden_layers
         layer_map = default_layer_map(teacher_layers, student_layers)
     check_teacher_layers(layer_map, teacher_layers)
     if config.student is None and len(set(layer_map)) != len(layer_map):
@@ -176,7 +177,7 @@ def build_student(config: DistillationConfig, teacher: nn.Module) -> tuple[nn.Mo
     if config.student is None:
         student = keep_layers(AutoModelForCausalLM.from_pretrained(path, **kwargs), layer_map)
     else:
-        if getattr(AutoConfig.from_pretrained(path), CONFIG_ATTRIBUTE, None) is None:
+        if getattr(checkpoint_config(path), CONFIG_ATTRIBUTE, None) is None:
             student = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         else:
             student = load_gated(path, AutoModelForCausalLM, backend=config.backend, **kwargs)

@@ -22,10 +22,11 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config
 from ..common.distributed import check_gates_patch, leave_after_training
 from ..common.plots import plot_loss_curves, plot_speed
 from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
@@ -99,7 +100,7 @@ def run_comparison(config: RecipeConfig, callbacks: list[TrainerCallback] | None
     """
     check_run_dir(config)
     model_path = resolve_model(config.model)  # the model and data resolve before the results folder is made
-    check_gates_patch(config, AutoConfig.from_pretrained(model_path), AutoModelForCausalLM)
+    check_gates_patch(config, checkpoint_config(model_path), AutoModelForCausalLM)
     tokenizer = load_tokenizer(model_path)
     data = load_data(config)
     claim_on_main(config, data_fingerprint(data))

@@ -15,12 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from transformers import AutoConfig
-
 from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict
 from ...files import atomic_write_json, atomic_write_text, read_json
 from ...formatting import score_with_ci, signed, table
 from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config
 from ..common.run_dir import CONFIG_FILE
 from ..common.summaries.generation import generation_prompts
 from ..common.summaries.pipeline import QUALITY_FILE, evaluate_all, load_data
@@ -46,7 +45,7 @@ def saved_config(results: Path) -> RecipeConfig:
 
 def _check_lengths(lengths: list[int], config: RecipeConfig, model_path: str) -> None:
     """`ValueError` for a length the model cannot read with the summary it writes after it."""
-    model_config = AutoConfig.from_pretrained(model_path)
+    model_config = checkpoint_config(model_path)
     positions = getattr(model_config, "max_position_embeddings", None)
     for length in lengths:
         if length <= 0:

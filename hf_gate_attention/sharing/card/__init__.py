@@ -30,6 +30,7 @@ from .sections import (
     gate_section,
     gate_summary,
     limitations,
+    serving_section,
     training_section,
     usage_without,
 )
@@ -98,6 +99,7 @@ def render_model_card(
         evaluation_section=evaluation_section(res),
         repo_id=repo_id,
         usage_without=usage_without(ckpt, repo_id),
+        serving_section=serving_section(ckpt, repo_id),
         limitations=limitations(ckpt, res),
     )
     return ModelCard(text)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ...core.config import GateConfig
 from ...core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
+from ...core.model_type import base_names, is_gated_model_type
 from ...files import open_safetensors, read_json
 from ...formatting import gate_label
 
@@ -74,7 +75,8 @@ def read_checkpoint(folder: str | Path) -> dict:
     # init="identity" gates with all-zero weights are exactly 1 (without top_k): the ungated model
     identity = bool(gated_blocks) and gates_all_zero and gate.init == "identity" and gate.top_k is None
     return {
-        "config": config,
+        "config": base_names(config),  # what the card describes: the base model type and class, gated
+        "gated_names": is_gated_model_type(config.get("model_type")),
         "gate": gate,
         "total_params": total,
         "added_params": added,

@@ -76,12 +76,39 @@ def usage_without(ckpt: dict, repo_id: str) -> str:
             f"{code}\n\n`trust_remote_code=True` runs the code this repository ships for `{target}` (through "
             "`auto_map` in `config.json`); read it before trusting it."
         )
+    if ckpt.get("gated_names"):
+        return (
+            "> **Note:** this checkpoint's `config.json` has no `auto_map` entry and names the model type "
+            f"`gated_{config.get('model_type')}`: transformers alone refuses to load it. Use "
+            "hf-gate-attention as above."
+        )
     return (
         f"{code}\n\n> **Note:** this checkpoint's `config.json` has no `auto_map` entry, so transformers "
         f"alone loads the plain `{(config.get('architectures') or ['?'])[0]}` without the gates and ignores "
         f"the `{GATE_MODULE_NAME}` weights (it warns about unexpected keys): its outputs differ from the "
         "gated model's. Use hf-gate-attention as above."
     )
+
+
+def serving_section(ckpt: dict, repo_id: str) -> str:
+    """How to serve the checkpoint (docs/serving.md): transformers' server with the package's loader, and
+    for a qwen3 output gate without top-k the conversion to Qwen3.5's layout that vLLM and SGLang serve."""
+    text = (
+        "An OpenAI-compatible server (transformers' `serve`, with the gated model loaded by "
+        "hf-gate-attention; `pip install 'hf-gate-attention[serving]'`):\n\n"
+        f"```bash\nhf-gate-attention serve {repo_id} --continuous-batching\n```\n\n"
+        "`transformers serve` itself, vLLM and SGLang refuse this checkpoint rather than serve it without "
+        "its gates (its `config.json` names the model type "
+        f"`gated_{ckpt['config'].get('model_type')}`)."
+    )
+    gate = ckpt["gate"]
+    if ckpt["config"].get("model_type") == "qwen3" and gate.variant == "output" and gate.top_k is None:
+        text += (
+            " Its gates map exactly onto Qwen3.5's gated attention, which vLLM serves natively: "
+            f"`hf-gate-attention convert {repo_id} out-qwen3_5 --to qwen3_5` writes a plain "
+            "`Qwen3_5ForCausalLM` checkpoint (see the hf-gate-attention docs on serving)."
+        )
+    return text
 
 
 def training_section(res: RecipeResults | None) -> str:

@@ -152,7 +152,7 @@ def test_round_trip_through_qwen3_5(tmp_path):
 
 def test_refusals_say_what_is_wrong():
     cases = [
-        (tiny_model("qwen3"), "not patched with gated attention; nothing to export as Qwen3.5"),
+        (tiny_model("qwen3"), "not patched with gated attention; nothing to export in Qwen3.5's layout"),
         (patch(tiny_model("llama"), GateConfig()), re.escape("model_type 'llama' (accepted: 'qwen3'")),
         (
             patch(tiny_model("qwen3"), GateConfig(variant="value")),

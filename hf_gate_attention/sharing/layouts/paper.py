@@ -215,6 +215,20 @@ def _tied_aliases(model: nn.Module) -> list[set[str]]:
     return [keys for keys in by_tensor.values() if len(keys) > 1]
 
 
+def exportable_state(model: nn.Module, layout: str, export_problems) -> tuple:
+    """`(base model, GateConfig, detached state dict)` of a patched `model` to write in `layout` (named in
+    the messages); `ValueError` if it is not patched, or listing what `export_problems(base, gate)` says the
+    layout cannot represent."""
+    if not is_patched(model):
+        raise ValueError(f"this model is not patched with gated attention; nothing to export in {layout}")
+    base = unwrap_model(model)
+    gate = gate_config_of(base)
+    problems = export_problems(base, gate)
+    if problems:
+        raise ValueError(f"{layout} cannot represent this model: {'; '.join(problems)}")
+    return base, gate, {key: tensor.detach() for key, tensor in base.state_dict().items()}
+
+
 def _load_strict(model: nn.Module, state: dict, source: str, assign: bool = False) -> None:
     """Load `state` into `model`; tied keys may be given once; any other missing or extra key is an error.
     `assign`: the tensors become the parameters (a model built on the meta device)."""
@@ -313,16 +327,7 @@ def write_paper_layout(model: nn.Module, folder) -> None:
     `mlp_bias`. A nonzero gate bias in a model without attention bias is written with `qkv_bias: true` and
     zero k, v, o and query biases (the same function). Not atomic: `save_in_paper_layout` is.
     """
-    if not is_patched(model):
-        raise ValueError(
-            "this model is not patched with gated attention; nothing to export in the paper's layout"
-        )
-    base = unwrap_model(model)
-    gate = gate_config_of(base)
-    problems = _paper_export_problems(base, gate)
-    if problems:
-        raise ValueError(f"the paper's layout cannot represent this model: {'; '.join(problems)}")
-    state = {key: tensor.detach() for key, tensor in base.state_dict().items()}
+    base, gate, state = exportable_state(model, "the paper's layout", _paper_export_problems)
     gate_biases = (state[key] for key in state if key.endswith(f".{GATE_MODULE_NAME}.bias"))
     biased = bool(base.config.attention_bias) or any(bias.any() for bias in gate_biases)
     paper_state = ours_state_dict_to_paper(state, base.config, biased)

@@ -50,11 +50,11 @@ from transformers.utils import cached_file
 from ...core.config import GateConfig
 from ...core.families import DECODER
 from ...core.hooks import GATE_MODULE_NAME, blocks_by_layer, unwrap_model
-from ...core.patching import gate_config_of, is_patched, patch
+from ...core.patching import patch
 from ...files import atomic_write_json, read_json, staged_folder
 from ..tensors import checkpoint_tensors
 from .packing import head_geometry
-from .paper import HUB_KWARGS, _load_strict
+from .paper import HUB_KWARGS, _load_strict, exportable_state
 from .qwen3_next import check_qwen3_next_match, ours_to_qwen3_next_attention, qwen3_next_attention_to_ours
 
 QWEN3_5_MODEL_TYPE = "qwen3_5_text"
@@ -174,14 +174,7 @@ def qwen3_5_state_dict(model: nn.Module, *, keep_biases: bool = False) -> tuple[
     computes; `ValueError` (every reason at once) for what Qwen3.5 cannot represent (`_export_problems`,
     `_check_biases`). Tensors keep the model's dtype (the norm shift `w - 1` is exact in float32 for
     `w` in [0.5, 2])."""
-    if not is_patched(model):
-        raise ValueError("this model is not patched with gated attention; nothing to export as Qwen3.5")
-    base = unwrap_model(model)
-    gate = gate_config_of(base)
-    problems = _export_problems(base, gate)
-    if problems:
-        raise ValueError(f"a Qwen3.5 checkpoint cannot represent this model: {'; '.join(problems)}")
-    state = {key: tensor.detach() for key, tensor in base.state_dict().items()}
+    base, gate, state = exportable_state(model, "Qwen3.5's layout", _export_problems)
     biased = _check_biases(state, keep_biases)
     next_config = qwen3_5_config(base.config, attention_bias=biased)
     geometry = head_geometry(base.config)

@@ -1,7 +1,7 @@
 """The package's rooms and the direction of their imports (see docs/architecture.md).
 
 Imports, at module level and inside functions, flow one way: core -> kernels -> sharing -> recipes ->
-cli/demo, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and the small
+cli/demo/serving, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and the small
 shared helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`, `version`)
 from any room above the core; no module reaches itself through imports. `core` imports only torch,
 transformers and itself: what runs above it registers into it (the kernels' backends into `core.backends`,
@@ -34,9 +34,9 @@ HELPERS = {"files", "formatting", "claims", "known_models", "memory", "offline",
 
 
 def _room(module: str) -> str:
-    """`hf_gate_attention.sharing.card` -> `sharing`; the package root, `cli`, `demo` -> `top`."""
+    """`hf_gate_attention.sharing.card` -> `sharing`; the package root, `cli`, `demo`, `serving` -> `top`."""
     parts = module.split(".")[1:]
-    if not parts or parts[0] in ("cli", "demo", "__main__"):
+    if not parts or parts[0] in ("cli", "demo", "serving", "__main__"):
         return "top"
     return "helpers" if parts[0] in HELPERS else parts[0]
 

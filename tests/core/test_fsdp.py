@@ -120,7 +120,7 @@ def test_gates_are_saved(fsdp_run):
     for key, tensor in saved.items():
         torch.testing.assert_close(tensor, full[key], rtol=0, atol=0, msg=lambda m, k=key: f"saved {k}: {m}")
     config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["architectures"] == ["GatedLlamaForCausalLM"] and config["model_type"] == "gated_llama"
     assert {k: config["gate_attention"][k] for k in GATE} == GATE
 
 
@@ -152,14 +152,15 @@ def test_checkpoint_reloads_with_the_same_outputs_as_an_unsharded_model(fsdp_run
 
 
 def test_checkpoint_also_loads_with_trust_remote_code(fsdp_run):
-    """`fully_shard` renames the class (`FSDPLlamaForCausalLM`): the remote code still names transformers'."""
+    """`fully_shard` renames the class (`FSDPLlamaForCausalLM`): the remote code's class still derives its name
+    from transformers' (`Gated` + `LlamaForCausalLM`)."""
     folder = fsdp_run["out"] / "model"
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" in config and (folder / "modeling_gated_attention.py").is_file()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(
         folder, trust_remote_code=True, dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    assert type(loaded).__name__ == "LlamaForCausalLM"
+    assert type(loaded).__name__ == "GatedLlamaForCausalLM"
     # the remote code's own AttentionGate class, not ours: count the gate tensors by name
     assert sorted(n for n, _ in loaded.named_parameters() if ".attn_gate." in n) == GATE_KEYS
     with torch.no_grad():

@@ -173,7 +173,7 @@ def test_text_end_to_end(assets, tmp_path, capsys):
     )
     saved = json.loads((tmp_path / "tiny" / "output-headwise" / "model" / "config.json").read_text())
     assert saved["gate_attention"]["variant"] == "output"
-    assert saved["architectures"] == ["BertForSequenceClassification"] and len(saved["id2label"]) == 3
+    assert saved["architectures"] == ["GatedBertForSequenceClassification"] and len(saved["id2label"]) == 3
     history = json.loads((tmp_path / "tiny" / "baseline" / "metrics.json").read_text())["training"][
         "log_history"
     ]

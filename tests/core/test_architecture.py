@@ -1,9 +1,9 @@
 """The package's rooms and the direction of their imports (see docs/architecture.md).
 
 Imports, at module level and inside functions, flow one way: core -> kernels -> sharing -> recipes ->
-cli/demo/serving, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and the small
-shared helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`, `version`)
-from any room above the core; no module reaches itself through imports. `core` imports only torch,
+cli/demo/serving, with `diagnostics` (core + helpers only) usable from the recipes and the command line, and
+the small shared helpers (`files`, `formatting`, `claims`, `known_models`, `memory`, `offline`, `plotting`,
+`version`) from any room above the core; no module reaches itself through imports. `core` imports only torch,
 transformers and itself: what runs above it registers into it (the kernels' backends into `core.backends`,
 the `save_pretrained`/`push_to_hub` bound on patched instances into `core.patching`, by the package root).
 The recipes are peers standing on `recipes.common`: none imports another, and `common` imports none.

@@ -152,8 +152,8 @@ def test_checkpoint_reloads_with_the_same_outputs_as_an_unsharded_model(fsdp_run
 
 
 def test_checkpoint_also_loads_with_trust_remote_code(fsdp_run):
-    """`fully_shard` renames the class (`FSDPLlamaForCausalLM`): the remote code's class still derives its name
-    from transformers' (`Gated` + `LlamaForCausalLM`)."""
+    """`fully_shard` renames the class (`FSDPLlamaForCausalLM`): the remote code's class still derives its
+    name from transformers' (`Gated` + `LlamaForCausalLM`)."""
     folder = fsdp_run["out"] / "model"
     config = json.loads((folder / "config.json").read_text())
     assert "auto_map" in config and (folder / "modeling_gated_attention.py").is_file()

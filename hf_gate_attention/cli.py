@@ -51,6 +51,17 @@ def _at_least(low: int):
     return parse
 
 
+def _fraction(text: str) -> float:
+    """An argparse type: a float in (0, 1], else a message naming the value and the range."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1]; got {text!r}")
+    return value
+
+
 def _parse_names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(","))
 
@@ -266,12 +277,13 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
 
     from .diagnostics import image_inputs, read_texts, text_inputs
     from .offline import resolve_model
+    from .sharing.loading import load_processor
 
     model_path = resolve_model(args.tokenizer) if args.tokenizer else model_path
     if args.images:
         from PIL import Image
 
-        processor = transformers.AutoImageProcessor.from_pretrained(model_path)
+        processor = load_processor(model_path, transformers.AutoImageProcessor)
         files = [Path(p) for p in args.images]
         missing = [str(p) for p in files if not p.is_file()]
         if missing:
@@ -283,7 +295,7 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
         from .recipes.common.summaries.data import load_summarization_dataset
 
         texts = load_summarization_dataset(args.dataset, splits=["test"])["test"]["document"]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_processor(model_path)
     inputs = text_inputs(tokenizer, texts, args.max_length, min_length=args.skip_queries + 4)
     if not inputs:
         raise ValueError(f"no text has at least {args.skip_queries + 4} tokens to diagnose")
@@ -334,7 +346,6 @@ def cmd_diagnose(args) -> None:
 def cmd_convert(args) -> None:
     """Convert a checkpoint in the paper's layout or Qwen3.5's to ours (`--to ours`, the layout read off the
     source's `model_type`), or one of ours to the paper's (`--to paper`) or Qwen3.5's (`--to qwen3_5`)."""
-    import transformers
     from transformers.utils import cached_file
 
     from .core.patching import gate_config_of
@@ -346,13 +357,13 @@ def cmd_convert(args) -> None:
         write_paper_layout,
         write_qwen3_5_checkpoint,
     )
-    from .sharing.loading import from_pretrained
+    from .sharing.loading import from_pretrained, load_processor
 
     hub = {"subfolder": args.subfolder} if args.subfolder else {}
     if args.keep_biases and args.to != "qwen3_5":
         raise ValueError("--keep-biases applies to --to qwen3_5 only")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(args.source, **hub)
+        tokenizer = load_processor(args.source, **hub)
     except (OSError, ValueError, KeyError):
         tokenizer = None
     with staged_folder(Path(args.output), overwrite=args.overwrite, inputs=[args.source]) as staging:
@@ -396,6 +407,9 @@ def cmd_serve(args) -> None:
         dtype=args.dtype,
         attn_implementation=args.attn_implementation,
         max_model_len=args.max_model_len,
+        cb_num_blocks=args.cb_num_blocks,
+        cb_max_batch_tokens=args.cb_max_batch_tokens,
+        cb_max_memory_percent=args.cb_max_memory_percent,
         log_level=args.log_level,
         backend=args.backend,
     )
@@ -522,6 +536,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.add_argument("--dtype", default="auto", help="auto (default: the weights'), bfloat16, ...")
     serve_parser.add_argument("--attn-implementation", help="sdpa, eager, flash_attention_2, ...")
     serve_parser.add_argument("--max-model-len", type=_at_least(1), help="longest prompt plus answer, tokens")
+    serve_parser.add_argument(
+        "--cb-num-blocks",
+        type=_at_least(1),
+        help="continuous batching: KV cache blocks (default: from memory)",
+    )
+    serve_parser.add_argument(
+        "--cb-max-batch-tokens", type=_at_least(1), help="continuous batching: most tokens in one batch"
+    )
+    serve_parser.add_argument(
+        "--cb-max-memory-percent",
+        type=_fraction,
+        help="continuous batching: the share of free memory the KV cache may take, 0-1 (default 0.9)",
+    )
     serve_parser.add_argument("--log-level", default="warning", help="warning (default), info, debug")
     _add_backend_option(serve_parser)
     serve_parser.set_defaults(func=cmd_serve)

@@ -6,14 +6,14 @@ continuous batching and streaming are transformers'. Needs the `[serving]` extra
 
 from __future__ import annotations
 
-from transformers import GenerationConfig
+from transformers import AutoProcessor, GenerationConfig
 from transformers.cli.serve import Serve
 from transformers.cli.serving.model_manager import ModelLoader
 from transformers.cli.serving.utils import parse_model_id
 
 from .core.hooks import CONFIG_ATTRIBUTE
 from .sharing.layouts.paper import is_paper_config
-from .sharing.loading import checkpoint_config, from_pretrained
+from .sharing.loading import checkpoint_config, from_pretrained, load_processor
 
 
 class GatedModelLoader(ModelLoader):
@@ -42,6 +42,13 @@ class GatedModelLoader(ModelLoader):
         except OSError:
             generation_config = GenerationConfig.from_model_config(config)
         return config, generation_config
+
+    def load_processor(self, model_id: str):
+        """The processor (or tokenizer) of `model_id`; a gated checkpoint's without a remote-code question."""
+        if self._gated_config(model_id) is None:
+            return super().load_processor(model_id)
+        repo, revision, _ = parse_model_id(model_id)
+        return load_processor(repo, AutoProcessor, revision=revision)
 
     def _load_model(self, model_id: str, tqdm_class: type | None = None, progress_callback=None):
         if self._gated_config(model_id) is None:

@@ -17,6 +17,7 @@ from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
 
 logger = logging.getLogger(__name__)
+HUB_KEYS = ("revision", "token", "cache_dir", "subfolder")
 
 
 def checkpoint_config(path: str, **hub_kwargs):
@@ -29,6 +30,22 @@ def checkpoint_config(path: str, **hub_kwargs):
     named = base_names(config_dict)
     named.pop("auto_map", None)  # the remote code's classes; this package patches transformers' own
     return CONFIG_MAPPING[named["model_type"]].from_dict(named)
+
+
+def load_processor(path: str, auto_class=transformers.AutoTokenizer, **kwargs):
+    """`auto_class.from_pretrained(path, **kwargs)` (`AutoTokenizer`, `AutoProcessor`, `AutoImageProcessor`,
+    ...) without a question about remote code. The Auto classes read `config.json` to pick a processor
+    class, and a gated checkpoint's model type is one transformers does not know: they would ask whether to
+    run the checkpoint's code. For a gated checkpoint they get its base model's config and no remote code
+    (its processors are transformers' own); anything else loads as `auto_class` loads it."""
+    hub_kwargs = {k: kwargs[k] for k in HUB_KEYS if k in kwargs}
+    try:
+        config_dict, _ = transformers.PretrainedConfig.get_config_dict(path, **hub_kwargs)
+    except OSError:  # no config.json: a tokenizer-only repository
+        config_dict = {}
+    if is_gated_model_type(config_dict.get("model_type")):
+        kwargs = {"config": checkpoint_config(path, **hub_kwargs), **kwargs, "trust_remote_code": False}
+    return auto_class.from_pretrained(path, **kwargs)
 
 
 def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwargs):
@@ -44,7 +61,7 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
             checkpoint only says what the gates compute (a `backend` saved by older versions is ignored).
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
     """
-    hub_kwargs = {k: kwargs[k] for k in ("revision", "token", "cache_dir", "subfolder") if k in kwargs}
+    hub_kwargs = {k: kwargs[k] for k in HUB_KEYS if k in kwargs}
     config = checkpoint_config(path, **hub_kwargs)
     if is_paper_config(config.to_dict()):
         return load_paper_checkpoint(path, model_class, backend=backend, **kwargs)

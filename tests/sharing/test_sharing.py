@@ -407,3 +407,24 @@ def test_a_checkpoint_written_before_gated_model_types_still_loads(tmp_path):
     loaded = hf_gate_attention.from_pretrained(tmp_path / "m")
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, rtol=0, atol=1e-6)
+
+
+def test_processors_of_a_gated_checkpoint_load_without_a_remote_code_question(tmp_path, monkeypatch):
+    """transformers' Auto processor classes read `config.json`, whose `gated_llama` they do not know: alone they
+    ask whether to run the checkpoint's code (`input`); `load_processor` (the package's command line, recipes
+    and server) loads the tokenizer without asking, the same tokenizer the base model has."""
+    from hf_gate_attention.sharing.loading import load_processor
+
+    base = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+    patch(tiny_model("llama"), GateConfig(init="paper")).save_pretrained(tmp_path / "m")
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(tmp_path / "m")
+    questions = []
+    monkeypatch.setattr("builtins.input", lambda *args: questions.append(args) or "n")
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "m")
+    assert len(questions) == 1, "transformers alone is expected to ask (else load_processor is not needed)"
+    text = "Gated attention, 2025."
+    expected = transformers.AutoTokenizer.from_pretrained(base)(text)["input_ids"]
+    for auto_class in (transformers.AutoTokenizer, transformers.AutoProcessor):
+        questions.clear()
+        assert load_processor(str(tmp_path / "m"), auto_class)(text)["input_ids"] == expected
+        assert not questions, f"{auto_class.__name__} asked about remote code"

@@ -20,7 +20,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from ...core.families import find_attention
 from ...core.hooks import attention_layout
 from ...offline import resolve_model
-from ...sharing.loading import checkpoint_config
+from ...sharing.loading import checkpoint_config, load_processor
 from ...sharing.loading import from_pretrained as load_gated
 from ..common.config import RunSpec
 from ..common.distributed import patch_on_device
@@ -52,7 +52,7 @@ def load_tokenizer(config: CaptioningConfig, decoder_path: str | None, train_cap
     (its EOS as pad token when it has none)."""
     if decoder_path is None:
         return build_word_tokenizer(train_captions)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(decoder_path)
+    tokenizer = load_processor(decoder_path)
     if not tokenizer.is_fast:
         raise ValueError(f"decoder {config.decoder!r}: the recipe needs a fast tokenizer (word offsets)")
     if tokenizer.pad_token_id is None:
@@ -220,7 +220,7 @@ def load_trained_captioner(config: CaptioningConfig, run: RunSpec, attn_implemen
 
 def load_image_processor(encoder_path: str, image_size: int):
     """The encoder's image processor, resizing to `image_size` x `image_size` (no crop)."""
-    processor = transformers.AutoImageProcessor.from_pretrained(encoder_path)
+    processor = load_processor(encoder_path, transformers.AutoImageProcessor)
     processor.size = {"height": image_size, "width": image_size}
     processor.do_center_crop = False
     return processor

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, ProgressCallback, Trainer, TrainingArguments
+from transformers import ProgressCallback, Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from ...core.patching import gate_parameters
 from ...files import atomic_write_json, check_safetensors_folder, read_json
+from ...sharing.loading import load_processor
 from .config import RunSpec
 from .distributed import distributed_state, on_cpu
 
@@ -24,7 +25,7 @@ TRAIN_SUMMARY_FILE = "train_summary.json"
 
 def load_tokenizer(model_path: str):
     """The model's tokenizer, with its EOS token as pad token when it has none."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_processor(model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

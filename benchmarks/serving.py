@@ -40,11 +40,11 @@ from harness import (
     command_line,
     cpu_model,
     interleaved,
-    markdown_page,
     markdown_table,
+    publish,
+    ratio_cell,
     ratio_fields,
     ratios,
-    write_results,
 )
 
 import hf_gate_attention
@@ -238,14 +238,13 @@ def main() -> None:
                 row["case"],
                 row["mode"],
                 f"{row['tokens_per_s']:.1f} [{row['tokens_per_s_min']:.1f}, {row['tokens_per_s_max']:.1f}]",
-                f"x{row['ratio']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
+                ratio_cell(row),
             ]
             for row in rows
         ],
         align="llrr",
     )
-    write_results(args.out, rows, markdown_page(header, table))
-    print("\n".join(table))
+    publish(args.out, rows, header, table)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ from harness import (
     command_line,
     cpu_model,
     interleaved,
-    markdown_page,
     markdown_table,
+    publish,
+    ratio_cell,
     ratio_fields,
     ratios,
-    write_results,
 )
 
 import hf_gate_attention
@@ -157,14 +157,13 @@ def main() -> None:
                     row["case"],
                     row["phase"],
                     f"{row['median_s'] * 1e3:.1f}",
-                    f"x{row['ratio']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
+                    ratio_cell(row),
                 ]
                 for row in rows
             ],
             align="llrr",
         )
-        write_results(args.out, rows, markdown_page(header, table))
-        print("\n".join(table))
+        publish(args.out, rows, header, table)
     dist.destroy_process_group()
 
 

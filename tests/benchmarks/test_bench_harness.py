@@ -82,6 +82,7 @@ def test_ratio_fields():
         "speedup_ratio_max": 4.0,
     }
     assert harness.ratio_fields("ratio", []) == {}
+    assert harness.ratio_cell(harness.ratio_fields("speed", [0.9, 1.0, 1.2]), "speed") == "x1.000 [0.900, 1.200]"
 
 
 def test_markdown_table_and_page():
@@ -107,6 +108,14 @@ def test_write_results_writes_csv_and_markdown(tmp_path):
     harness.write_results(tmp_path / "decode", [{"phase": "prefill", "tokens": 8}], "# table\n")
     assert (tmp_path / "decode.csv").read_text() == "phase,tokens\nprefill,8\n"
     assert (tmp_path / "decode.md").read_text() == "# table\n"
+
+
+def test_publish_writes_the_page_and_prints_the_table(tmp_path, capsys):
+    table = harness.markdown_table(["case"], [["ungated"]])
+    harness.publish(tmp_path / "t", [{"case": "ungated"}], "# t", table)
+    assert (tmp_path / "t.md").read_text() == "# t\n\n| case |\n|---|\n| ungated |\n"
+    assert (tmp_path / "t.csv").read_text() == "case\nungated\n"
+    assert capsys.readouterr().out == "\n".join(table) + "\n"
 
 
 def test_command_line_names_the_script_from_the_projects_root(monkeypatch):

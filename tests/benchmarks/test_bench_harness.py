@@ -82,7 +82,9 @@ def test_ratio_fields():
         "speedup_ratio_max": 4.0,
     }
     assert harness.ratio_fields("ratio", []) == {}
-    assert harness.ratio_cell(harness.ratio_fields("speed", [0.9, 1.0, 1.2]), "speed") == "x1.000 [0.900, 1.200]"
+    assert (
+        harness.ratio_cell(harness.ratio_fields("speed", [0.9, 1.0, 1.2]), "speed") == "x1.000 [0.900, 1.200]"
+    )
 
 
 def test_markdown_table_and_page():

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -57,6 +59,47 @@ def _staging_prefix(path: Path) -> str:
     return f".{path.name}.staging."
 
 
+# `.<name>.staging.<pid>@<host>.<random>`: the writer is named so that a later write can tell a folder a
+# killed writer left from one a live writer is filling (folders without a writer predate this scheme)
+_STAGING = re.compile(r"^\..+\.staging\.(?P<pid>\d+)@(?P<host>.+)\.[A-Za-z0-9_]+$")
+
+
+def _writer_is_gone(staging: Path) -> bool | None:
+    """Whether the process that made the staging folder `staging` has ended: `True` when it ran on this host
+    and no process has its pid, `False` when one has (perhaps a reused pid: kept, to be safe) or it ran on
+    another host, `None` when the name records no writer."""
+    match = _STAGING.match(staging.name)
+    if match is None:
+        return None
+    if match["host"] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def remove_abandoned_staging(folder: Path) -> None:
+    """Remove the staging folders in `folder` whose writer was killed (`_writer_is_gone`), whatever output
+    they were for; those of live writers, of other hosts and of unknown writers stay."""
+    for entry in Path(folder).glob(".*.staging.*"):
+        if _writer_is_gone(entry):
+            _remove(entry)
+
+
+def _umask() -> int:
+    """The process's umask (read without changing it where /proc tells it)."""
+    try:
+        return int(re.search(r"Umask:\s*([0-7]+)", Path("/proc/self/status").read_text())[1], 8)
+    except (OSError, TypeError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def _replaced_prefix(path: Path) -> str:
     return f".{path.name}.replaced."
 
@@ -65,15 +108,18 @@ def recover_output(path: Path) -> None:
     """Clean up what a killed write of the folder `path` left beside it: a folder moved aside for the
     replacement while `path` is missing (the kill fell between the two renames) is moved back, so that the old
     complete version is there; staging folders and other moved-aside folders are removed. One writer per
-    output at a time is assumed."""
+    output at a time is assumed (staging folders of a live writer are kept all the same), and abandoned
+    staging folders of other outputs in the same parent folder go too (`remove_abandoned_staging`)."""
     path = Path(path)
     if not path.parent.is_dir():
         return
     replaced = sorted(path.parent.glob(f"{_replaced_prefix(path)}*"), key=lambda p: p.stat().st_mtime)
     if replaced and not (path.exists() or path.is_symlink()):
         replaced.pop().rename(path)
-    for leftover in [*replaced, *path.parent.glob(f"{_staging_prefix(path)}*")]:
+    staging = [p for p in path.parent.glob(f"{_staging_prefix(path)}*") if _writer_is_gone(p) is not False]
+    for leftover in [*replaced, *staging]:
         _remove(leftover)
+    remove_abandoned_staging(path.parent)
 
 
 def _remove(path: Path) -> None:
@@ -110,7 +156,9 @@ def staged_folder(path: Path, overwrite: bool = False, inputs: Iterable = ()) ->
             f"{path} exists and is not an empty folder; pass overwrite=True (--overwrite) to replace it"
         )
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=_staging_prefix(path)))
+    writer = f"{_staging_prefix(path)}{os.getpid()}@{socket.gethostname()}."
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=writer))
+    staging.chmod(0o777 & ~_umask())  # as a plain mkdir makes it (mkdtemp's is 0700)
     try:
         yield staging
         replace_path(staging, path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,6 +80,43 @@ def test_recover_output_restores_or_removes_what_a_killed_write_left(tmp_path):
     new.write_text("2")
     replace_path(new, output)  # a file replaces a folder the same way
     assert output.read_text() == "2"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (a child run and waited for)."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(child.stdout)
+
+
+def test_a_later_write_in_the_same_folder_removes_what_killed_writers_left_but_not_live_ones(tmp_path):
+    """Staging folders name their writer (`<pid>@<host>`): any later write in the parent folder removes
+    those of writers that have ended, whatever output they were for; a live writer's stays, and so do
+    those of another host and those that name no writer (unless they are for the output being written)."""
+    host = socket.gethostname()
+    dead = tmp_path / f".other.staging.{_dead_pid()}@{host}.abc123_x"
+    live = tmp_path / f".third.staging.{os.getpid()}@{host}.abc123_y"
+    remote = tmp_path / f".fourth.staging.{_dead_pid()}@not-{host}.abc123_z"
+    unknown = tmp_path / ".fifth.staging.k2j3h4g5"
+    for folder in (dead, live, remote, unknown):
+        folder.mkdir()
+        (folder / "model.safetensors").write_text("partial")
+    with staged_folder(tmp_path / "out") as staging:
+        (staging / "weights").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name, remote.name, unknown.name])
+
+
+def test_written_folders_follow_the_umask(tmp_path):
+    """A saved folder gets the umask's mode, as transformers' `save_pretrained` gives it (not mkdtemp's
+    0700): readable by a server running as another user with umask 022."""
+    for umask, mode in ((0o022, 0o755), (0o077, 0o700), (0o002, 0o775)):
+        previous = os.umask(umask)
+        try:
+            patch(tiny_model("llama")).save_pretrained(tmp_path / f"m{umask:o}")
+        finally:
+            os.umask(previous)
+        assert (tmp_path / f"m{umask:o}").stat().st_mode & 0o777 == mode, f"umask {umask:o}"
 
 
 def test_save_pretrained_keeps_the_folders_other_files_and_drops_stale_shards(tmp_path):

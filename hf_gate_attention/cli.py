@@ -117,13 +117,11 @@ def _load_processor(model_path: str):
 
 def cmd_patch(args) -> None:
     """Load a model, add gates, save it (with its tokenizer / image processor) to a new folder."""
-    import transformers
-
     from .core.hooks import CONFIG_ATTRIBUTE
     from .core.patching import gate_parameters, patch
     from .files import staged_folder
     from .offline import resolve_model
-    from .sharing.loading import checkpoint_config
+    from .sharing.loading import checkpoint_config, model_class_named
 
     output = Path(args.output)
     gate = _gate_config(args)
@@ -138,9 +136,9 @@ def cmd_patch(args) -> None:
                 "hf_gate_attention.from_pretrained, or patch its base model"
             )
         class_name = args.model_class or (config.architectures or ["AutoModel"])[0]
-        model_class = getattr(transformers, class_name, None)
-        if model_class is None:
-            raise ValueError(f"unknown transformers class {args.model_class!r}; e.g. AutoModelForCausalLM")
+        model_class = model_class_named(
+            class_name, "--model-class" if args.model_class else "the model names"
+        )
         model = model_class.from_pretrained(model_path, dtype=args.dtype)
         patch(model, gate)
         processor = _load_processor(model_path)
@@ -159,6 +157,9 @@ def cmd_patch(args) -> None:
 
 def _local_folder(name_or_path: str) -> Path:
     """A local folder, or the config and weights of a Hub repo downloaded to the cache."""
+    from .files import require_checkpoint_folder
+
+    require_checkpoint_folder(name_or_path)
     if Path(name_or_path).is_dir():
         return Path(name_or_path)
     from huggingface_hub import snapshot_download
@@ -226,6 +227,12 @@ def cmd_info(args) -> None:
     for block, stats in info["layers"].items():
         mean, low, high = (stats[f"gate_at_zero_{k}"] for k in ("mean", "min", "max"))
         print(f"{block:<40} {stats['weight_abs_mean']:>10.4g} {mean:>13.4f} {low:>8.4f} {high:>8.4f}")
+    if info["non_finite"]:
+        print(
+            f"warning: {len(info['non_finite'])} gate tensor(s) hold NaN or inf (every output will too): "
+            + ", ".join(info["non_finite"]),
+            file=sys.stderr,
+        )
 
 
 def _card_options(args) -> dict:
@@ -270,6 +277,23 @@ def _add_card_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", action="append", help="Hub dataset id used for training (repeatable)")
 
 
+def _read_images(paths: list[str]) -> list:
+    """The images at `paths` as RGB PIL images; `FileNotFoundError` / `ValueError` naming the files that are
+    missing or not images."""
+    from PIL import Image, UnidentifiedImageError
+
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"image file(s) not found: {', '.join(missing)}")
+    images = []
+    for path in paths:
+        try:
+            images.append(Image.open(path).convert("RGB"))
+        except (UnidentifiedImageError, OSError) as err:
+            raise ValueError(f"--images: {path} is not an image file PIL can read ({err})") from None
+    return images
+
+
 def _diagnosis_inputs(args, model_path: str) -> list[dict]:
     """The inputs of `diagnose` from --text-file, --dataset or --images, at most --max-inputs, prepared by
     the tokenizer (image processor) of --tokenizer or else of the model."""
@@ -281,14 +305,8 @@ def _diagnosis_inputs(args, model_path: str) -> list[dict]:
 
     model_path = resolve_model(args.tokenizer) if args.tokenizer else model_path
     if args.images:
-        from PIL import Image
-
-        processor = load_processor(model_path, transformers.AutoImageProcessor)
-        files = [Path(p) for p in args.images]
-        missing = [str(p) for p in files if not p.is_file()]
-        if missing:
-            raise FileNotFoundError(f"image file(s) not found: {', '.join(missing)}")
-        return image_inputs(processor, [Image.open(p).convert("RGB") for p in files[: args.max_inputs]])
+        images = _read_images(args.images[: args.max_inputs])
+        return image_inputs(load_processor(model_path, transformers.AutoImageProcessor), images)
     if args.text_file:
         texts = read_texts(args.text_file)
     else:
@@ -324,6 +342,11 @@ def cmd_diagnose(args) -> None:
     if len(set(labels)) != len(labels):
         raise ValueError(f"model labels must be unique, got {labels}; pass --labels")
     out = Path(args.out)
+    file = next((p for p in (out, *out.parents) if p.is_file()), None)
+    if file is not None:  # refused before the diagnosis runs, not after
+        raise NotADirectoryError(f"--out {out}: {file} is a file; name a folder to write the diagnosis in")
+    if args.images:
+        _read_images(args.images[: args.max_inputs])  # a bad file is named before any model loads
     results = {}
     prepared: dict[str, list[dict]] = {}  # tokenizer / processor folder -> inputs, read once per folder
     for label, name in zip(labels, args.models, strict=True):
@@ -349,7 +372,7 @@ def cmd_convert(args) -> None:
     from transformers.utils import cached_file
 
     from .core.patching import gate_config_of
-    from .files import read_json, staged_folder
+    from .files import read_json, require_checkpoint_folder, staged_folder
     from .sharing.layouts import (
         is_qwen3_5_config,
         load_paper_checkpoint,
@@ -362,6 +385,7 @@ def cmd_convert(args) -> None:
     hub = {"subfolder": args.subfolder} if args.subfolder else {}
     if args.keep_biases and args.to != "qwen3_5":
         raise ValueError("--keep-biases applies to --to qwen3_5 only")
+    require_checkpoint_folder(args.source, "source")
     try:
         tokenizer = load_processor(args.source, **hub)
     except (OSError, ValueError, KeyError):

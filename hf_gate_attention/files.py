@@ -155,9 +155,14 @@ def staged_folder(path: Path, overwrite: bool = False, inputs: Iterable = ()) ->
         raise ValueError(
             f"{path} exists and is not an empty folder; pass overwrite=True (--overwrite) to replace it"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
     writer = f"{_staging_prefix(path)}{os.getpid()}@{socket.gethostname()}."
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=writer))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=writer))
+    except OSError as err:
+        file = next((p for p in path.parents if p.is_file()), None)
+        reason = f"{file} is a file" if file is not None else f"{err.strerror} in {path.parent}"
+        raise type(err)(f"cannot write the folder {path}: {reason}") from None
     staging.chmod(0o777 & ~_umask())  # as a plain mkdir makes it (mkdtemp's is 0700)
     try:
         yield staging
@@ -226,6 +231,29 @@ def require_hub_id_or_existing_path(name: str, what: str) -> None:
     local = name.startswith(("/", "./", "../", "~")) or "\\" in name or name.count("/") > 1
     if local and not Path(name).expanduser().exists():
         raise FileNotFoundError(f"{what} {name!r}: no such file or folder")
+
+
+def require_checkpoint_folder(name, what: str = "checkpoint") -> None:
+    """`require_hub_id_or_existing_path` for a checkpoint (a folder or a Hub id), and `NotADirectoryError`
+    when `name` is a local file: it is not read as a Hub id."""
+    require_hub_id_or_existing_path(str(name), what)
+    if Path(name).expanduser().is_file():
+        raise NotADirectoryError(f"{what} {str(name)!r} is a file; expected a checkpoint folder or a Hub id")
+
+
+def read_config_json(folder: Path) -> dict:
+    """The `config.json` of the local checkpoint folder `folder` as a dict; `FileNotFoundError` when it has
+    none (with what it holds), `ValueError` naming the file when it is not valid JSON or not an object."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        found = sorted(p.name for p in Path(folder).iterdir())[:8]
+        raise FileNotFoundError(
+            f"{folder} has no config.json: not a transformers checkpoint (found: {found})"
+        )
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} holds a JSON {type(config).__name__}, not an object of config keys")
+    return config
 
 
 def read_json(path: Path) -> Any:

@@ -68,7 +68,14 @@ class AttentionFamily:
     num_heads_attr: str = "num_attention_heads"
 
     def __post_init__(self):
-        if self.block is not None and re.compile(self.block).groups < 1:
+        if self.block is not None:
+            try:
+                groups = re.compile(self.block).groups
+            except re.error as err:
+                raise ValueError(
+                    f"AttentionFamily.block={self.block!r} is not a regular expression: {err}"
+                ) from None
+        if self.block is not None and groups < 1:
             raise ValueError(f"AttentionFamily.block={self.block!r} needs a group capturing the layer index")
         if self.qkv_layout not in QKV_LAYOUTS:
             raise ValueError(

@@ -59,8 +59,9 @@ def patch(
     """Add a gate to the self-attention blocks of `model`, in place; returns `model`.
 
     Args:
-        model: a transformers model (bare, with a task head, or wrapped by PEFT) whose `config.model_type` is
-            registered (see `supported_model_types`).
+        model: a transformers model (bare, with a task head, or wrapped by PEFT). Its attention blocks are
+            found by their projections (`core/families.py`; `supported_model_types` lists the model types
+            tested), or by a family `register_family` gave its `config.model_type`.
         config: the gate to add (a `GateConfig`, or a dict of its fields); defaults to `GateConfig()`.
             `overrides` (e.g. `variant="qk"`) replace fields.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates (`core/backends.py`).
@@ -79,6 +80,11 @@ def patch(
         train_gates_only: freeze every parameter except the new gates.
     """
     check_backend_name(backend)
+    if not isinstance(model, nn.Module) or not hasattr(unwrap_model(model), "config"):
+        raise TypeError(
+            "patch takes a transformers model (a PreTrainedModel, bare, with a task head or wrapped by "
+            f"PEFT); got {type(model).__name__}"
+        )
     if isinstance(config, dict):
         config = GateConfig.from_dict(config)
     if config is not None and not isinstance(config, GateConfig):

@@ -30,7 +30,7 @@ from transformers.utils import cached_file
 from ..core.config import GateConfig
 from ..core.hooks import GATE_MODULE_NAME, unwrap_model
 from ..core.patching import gate_config_of, is_patched, patch
-from ..files import atomic_write_folder, open_safetensors, read_json
+from ..files import atomic_write_folder, open_safetensors, read_json, require_checkpoint_folder
 from .card.metadata import is_hub_id
 from .loading import load_gate_tensors
 
@@ -146,6 +146,7 @@ def save_gate_adapter(
 
 def _resolve(adapter, revision: str | None = None, token=None) -> tuple[dict, dict[str, str]]:
     """The adapter's config and its file name -> local path (downloaded when `adapter` is a Hub id)."""
+    require_checkpoint_folder(adapter, "gate adapter")
 
     def fetch(name: str) -> str | None:
         return cached_file(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+import torch
 import transformers
+from transformers.models.auto.auto_factory import _BaseAutoModelClass
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..core.config import GateConfig
@@ -12,7 +15,7 @@ from ..core.hooks import CONFIG_ATTRIBUTE, GATE_MODULE_NAME
 from ..core.model_type import base_names, is_gated_model_type
 from ..core.patching import patch
 from ..core.tensor_parallel import like_parameter
-from ..files import check_safetensors_folder
+from ..files import check_safetensors_folder, read_config_json, require_checkpoint_folder
 from .layouts.paper import is_paper_config, load_paper_checkpoint
 from .tensors import gate_tensors
 
@@ -23,13 +26,32 @@ HUB_KEYS = ("revision", "token", "cache_dir", "subfolder")
 def checkpoint_config(path: str, **hub_kwargs):
     """transformers' config of the checkpoint at `path` (folder or Hub id), as `AutoConfig` reads it, except
     that a gated checkpoint of ours (`config.json` naming model type `gated_<base>`, `core/model_type.py`)
-    is read as its base model's config, without its remote code. `hub_kwargs`: `revision`, `token`, ..."""
+    is read as its base model's config, without its remote code. `hub_kwargs`: `revision`, `token`, ...
+    A local path that is missing, a file, or a folder without a readable `config.json` is named as such."""
+    require_checkpoint_folder(path)
+    local = Path(path, hub_kwargs.get("subfolder") or "")
+    if local.is_dir():
+        read_config_json(local)
     config_dict, _ = transformers.PretrainedConfig.get_config_dict(path, **hub_kwargs)
     if not is_gated_model_type(config_dict.get("model_type")):
         return transformers.AutoConfig.from_pretrained(path, **hub_kwargs)
     named = base_names(config_dict)
     named.pop("auto_map", None)  # the remote code's classes; this package patches transformers' own
     return CONFIG_MAPPING[named["model_type"]].from_dict(named)
+
+
+def model_class_named(name: str, what: str, hint: str = "use"):
+    """transformers' model class (or Auto class) called `name`; `ValueError` starting with `what` when there
+    is none (`logging`, a typo), followed by `hint` and examples."""
+    found = getattr(transformers, name, None)
+    if not (
+        isinstance(found, type) and issubclass(found, (transformers.PreTrainedModel, _BaseAutoModelClass))
+    ):
+        raise ValueError(
+            f"{what} {name!r}, which is not a transformers model class; {hint} e.g. AutoModelForCausalLM, "
+            "LlamaForCausalLM, AutoModelForSequenceClassification"
+        )
+    return found
 
 
 def load_processor(path: str, auto_class=transformers.AutoTokenizer, **kwargs):
@@ -55,8 +77,8 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
         path (`str`): folder or Hub repo id holding `config.json` with a `gate_attention` entry, or a
             checkpoint in the paper's layout (gates packed into `q_proj`), converted by
             `layouts.paper.load_paper_checkpoint`.
-        model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`);
-            defaults to the class named in `config.architectures`.
+        model_class (*optional*): a transformers class or Auto class (e.g. `AutoModelForCausalLM`), or its
+            name; defaults to the class named in `config.architectures`.
         backend (`str`, *optional*, defaults to `"auto"`): what runs the gates here, as in `patch`; the
             checkpoint only says what the gates compute (a `backend` saved by older versions is ignored).
         kwargs: passed to `model_class.from_pretrained` (`dtype`, `device_map`, `revision`, `token`, ...).
@@ -72,13 +94,9 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
         )
     if model_class is None:
         name = (config.architectures or ["AutoModel"])[0]
-        try:
-            model_class = getattr(transformers, name)
-        except AttributeError:
-            raise ValueError(
-                f"config.architectures of {path} names {name!r}, which is not a transformers class; pass "
-                "model_class= (e.g. transformers.AutoModelForCausalLM)"
-            ) from None
+        model_class = model_class_named(name, f"config.architectures of {path} names", "pass model_class=,")
+    elif isinstance(model_class, str):
+        model_class = model_class_named(model_class, "model_class=")
     delattr(config, CONFIG_ATTRIBUTE)
     check_safetensors_folder(path)  # transformers' error on a truncated file does not name it
     with_info = kwargs.pop("output_loading_info", False)
@@ -91,8 +109,15 @@ def from_pretrained(path: str, model_class=None, *, backend: str = "auto", **kwa
     info = _without_gate_keys(info)
     _report_loading(path, type(model).__name__, info)
     patch(model, GateConfig.from_checkpoint(gate_dict), backend=backend)
-
     load_gate_tensors(model, gate_tensors(path, **hub_kwargs), path)
+    gates = {name: p.detach() for name, p in model.named_parameters() if f".{GATE_MODULE_NAME}." in name}
+    if broken := non_finite_tensors(gates):
+        logger.warning(
+            "loading %s: %d gate tensor(s) hold NaN or inf, so every output will too: %s",
+            path,
+            len(broken),
+            _first_five(broken),
+        )
     return (model, info) if with_info else model
 
 
@@ -107,6 +132,10 @@ def _without_gate_keys(info: dict) -> dict:
     }
 
 
+def _first_five(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def _report_loading(path: str, class_name: str, info: dict) -> None:
     """Warn, as transformers' load report does, about weights the checkpoint lacks (left at their random
     init), weights it has that the model does not use, and weights of another shape."""
@@ -118,8 +147,7 @@ def _report_loading(path: str, class_name: str, info: dict) -> None:
     ):
         keys = sorted(str(key) for key in info.get(name) or ())
         if keys:
-            shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-            lines.append(f"{len(keys)} weight(s) {what}: {shown}")
+            lines.append(f"{len(keys)} weight(s) {what}: {_first_five(keys)}")
     if lines:
         logger.warning("loading %s as %s: %s", path, class_name, "; ".join(lines))
 
@@ -138,6 +166,11 @@ def load_model(path: str, *, backend: str = "auto", **kwargs):
 def natural_order(prefix: str) -> tuple:
     """Sort key of a module name with its numbers compared as numbers (`layers.2` before `layers.10`)."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in prefix.split("."))
+
+
+def non_finite_tensors(tensors: dict) -> list[str]:
+    """The names (state_dict keys, in layer order) of the tensors in `tensors` holding NaN or inf."""
+    return [k for k in sorted(tensors, key=natural_order) if not torch.isfinite(tensors[k].float()).all()]
 
 
 def _same_block(a: str, b: str) -> bool:

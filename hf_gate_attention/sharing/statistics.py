@@ -11,7 +11,7 @@ from ..core.hooks import GATE_MODULE_NAME
 from ..files import read_json
 from .card import read_checkpoint
 from .layouts import is_paper_config, paper_checkpoint_contents
-from .loading import gate_tensors, natural_order
+from .loading import gate_tensors, natural_order, non_finite_tensors
 
 
 def _layer_statistics(tensors: dict, scale: float) -> dict:
@@ -36,8 +36,8 @@ def checkpoint_statistics(folder: str | Path) -> dict:
     """What a gated checkpoint contains: layout, gate config, counts and per-layer gate statistics.
 
     Our checkpoints (`config.json` with `gate_attention`) and the paper's layout (gates packed into `q_proj`,
-    `sharing.layouts`) are read. The gate at zero input is `scale * sigmoid(bias)` (1 for an untrained
-    identity gate).
+    `sharing.layouts`) are read. `non_finite` names the gate tensors that hold NaN or inf. The gate at zero
+    input is `scale * sigmoid(bias)` (1 for an untrained identity gate).
     """
     config = read_json(Path(folder) / "config.json") or {}
     if is_paper_config(config):
@@ -62,4 +62,5 @@ def checkpoint_statistics(folder: str | Path) -> dict:
         "gates_are_identity": checkpoint["gates_are_identity"],
         "trust_remote_code": "auto_map" in checkpoint["config"],
         "layers": _layer_statistics(tensors, gate.gate_scale),
+        "non_finite": non_finite_tensors(tensors),
     }

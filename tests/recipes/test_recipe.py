@@ -32,6 +32,7 @@ from hf_gate_attention.recipes.common.training import check_checkpoint, last_com
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
 from hf_gate_attention.recipes.summarization.models import load_pretrained
+from hf_gate_attention.sharing.card import NO_RESULTS, render_model_card
 
 # ------------------------------------------------------------------------------------------- end to end
 
@@ -82,6 +83,14 @@ def test_compare_end_to_end(tiny_assets, tmp_path, capsys):
     # the gated checkpoints hold trained gates, the baseline none
     gate_config = json.loads((out / "qk-elementwise" / "model" / "config.json").read_text())
     assert gate_config["gate_attention"]["variant"] == "qk"
+    # a run's model folder stands on its own: pipeline finds its tokenizer, its card shows the run
+    folder = out / "output-headwise" / "model"
+    generator = transformers.pipeline("text-generation", model=str(folder), trust_remote_code=True)
+    assert type(generator.model).__name__ == "GatedLlamaForCausalLM"
+    assert generator("Hello", max_new_tokens=2, do_sample=False)[0]["generated_text"].startswith("Hello")
+    card = str(render_model_card(folder))
+    assert NO_RESULTS not in card and "Not recorded" not in card
+    assert f"{rows['output-headwise']['rouge']['rougeL']['mean']:.2f}" in card
 
     with open(out / "comparison.csv", newline="") as f:
         table = list(csv.DictReader(f))

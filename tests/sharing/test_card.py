@@ -175,6 +175,17 @@ def test_run_selection(recipe_results, tmp_path):
         render_model_card(folder, results=tmp_path)
 
 
+def test_a_run_without_a_results_folder_is_refused(tmp_path):
+    """`run` names a run of a results folder: without `results` (and outside a recipe's `<run>/model`,
+    whose results are found) it would be ignored."""
+    save_tiny_gated(tmp_path / "g", hf_gate_attention.GateConfig(variant="output"))
+    with pytest.raises(
+        ValueError, match=r"run='output-headwise' names a run .* pass results= too \(--results\)"
+    ):
+        render_model_card(tmp_path / "g", run="output-headwise")
+    assert NO_RESULTS in str(render_model_card(tmp_path / "g"))
+
+
 def test_the_recipe_describes_its_results_and_the_card_renders_them(tmp_path, monkeypatch):
     save_tiny_gated(tmp_path / "g" / "model", hf_gate_attention.GateConfig(variant="output"))
     results = tmp_path

@@ -212,7 +212,9 @@ def test_model_of_a_custom_class_saves_without_remote_code(tmp_path, caplog):
     model.save_pretrained(tmp_path)
     assert not (tmp_path / f"{ENTRY_MODULE}.py").exists()
     assert "MyLlama is not a transformers class" in caplog.text
-    with pytest.raises(ValueError, match="'MyLlama', which is not a transformers class; pass model_class="):
+    with pytest.raises(
+        ValueError, match="'MyLlama', which is not a transformers model class; pass model_class="
+    ):
         hf_gate_attention.from_pretrained(str(tmp_path))
     loaded = hf_gate_attention.from_pretrained(str(tmp_path), model_class=transformers.AutoModelForCausalLM)
     assert hf_gate_attention.is_patched(loaded)
@@ -298,12 +300,31 @@ def test_cli_serve_refuses_cache_sizes_it_cannot_take(tiny_llama, capsys, option
         (["info", "{model}"], "not a gated checkpoint"),
         (["card", "{tmp}/busy"], "not a gated checkpoint"),
         (["push", "{tmp}/busy", "me/x"], "has no config.json"),
+        (["info", "{tmp}/nope"], "'{tmp}/nope': no such file or folder"),
+        (["info", "{tmp}/busy/file"], "is a file; expected a checkpoint folder or a Hub id"),
+        (["info", "{tmp}/busy"], "busy is not a gated checkpoint: it has no config.json (found: file)"),
+        (["convert", "{tmp}/nope", "{tmp}/out"], "source '{tmp}/nope': no such file or folder"),
+        (["patch", "{model}", "{tmp}/busy/file/sub"], "cannot write the folder {tmp}/busy/file/sub: "),
+        (
+            ["patch", "{model}", "{tmp}/x", "--model-class", "logging"],
+            "'logging', which is not a transformers",
+        ),
+        (["card", "{model}", "--run", "gated"], "names a run of a recipe's results folder: pass results="),
+        (
+            ["diagnose", "{model}", "--text-file", "{tmp}/busy/file", "--out", "{tmp}/busy/file"],
+            "--out {tmp}/busy/file: {tmp}/busy/file is a file; name a folder",
+        ),
+        (
+            ["diagnose", "{model}", "--images", "{tmp}/busy/file", "--out", "{tmp}/d"],
+            "--images: {tmp}/busy/file is not an image file PIL can read",
+        ),
     ],
 )
 def test_cli_bad_input_exits_with_one_line(tiny_llama, tmp_path, capsys, argv, message):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
     argv = [arg.format(tmp=tmp_path, model=tiny_llama) for arg in argv]
+    message = message.format(tmp=tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-gate-attention: error:") and "\n" not in err and message in err
@@ -442,3 +463,38 @@ def test_processors_of_a_gated_checkpoint_load_without_a_remote_code_question(tm
         questions.clear()
         assert load_processor(str(tmp_path / "m"), auto_class)(text)["input_ids"] == expected
         assert not questions, f"{auto_class.__name__} asked about remote code"
+
+
+def test_api_bad_inputs_say_what_was_wrong(tmp_path, caplog):
+    """patch of a non-model, a bad block pattern, a model class named by a string (accepted) or a name that
+    is none, a missing local checkpoint, NaN gate weights (a warning naming them)."""
+    with pytest.raises(TypeError, match=r"patch takes a transformers model .*; got Linear"):
+        patch(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="got NoneType"):
+        patch(None)
+    with pytest.raises(ValueError, match=r"is not a regular expression: missing \)"):
+        hf_gate_attention.AttentionFamily(query="q", key="k", value="v", output="o", block=r"layers\.(\d+")
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        hf_gate_attention.from_pretrained(str(tmp_path / "does-not-exist"))
+    model = patch(tiny_model("llama"), GateConfig(init="paper"))
+    model.save_pretrained(tmp_path / "m")
+    assert type(
+        hf_gate_attention.from_pretrained(tmp_path / "m", model_class="LlamaForCausalLM")
+    ).__name__ == ("LlamaForCausalLM")
+    with pytest.raises(
+        ValueError,
+        match=r"model_class= 'logging', which is not a transformers model class; use e\.g\. AutoModel",
+    ):
+        hf_gate_attention.from_pretrained(tmp_path / "m", model_class="logging")
+    for param in gate_parameters(model):
+        param.data.fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan")
+    with caplog.at_level("WARNING", logger="hf_gate_attention.sharing.loading"):
+        hf_gate_attention.from_pretrained(tmp_path / "nan")
+    assert "gate tensor(s) hold NaN or inf" in caplog.text and ".attn_gate.weight" in caplog.text
+    from hf_gate_attention.sharing.statistics import checkpoint_statistics
+
+    assert (
+        len(checkpoint_statistics(tmp_path / "nan")["non_finite"])
+        == 2 * len(list(gate_parameters(model))) // 2
+    )

@@ -103,10 +103,8 @@ def train_all(config, paths, tokenizer, processor, data: CaptionData, features: 
             _tagged(train, "train"),
             _tagged(validation, "validation"),
             callbacks,
+            processors=(tokenizer, processor),
         )
-        if distributed_state().is_main_process:
-            tokenizer.save_pretrained(config.run_dir / run.name / "model")
-            processor.save_pretrained(config.run_dir / run.name / "model")
         del model
         gc.collect()
 

@@ -69,7 +69,9 @@ def train_all(config, model_path: str, processor, data: ClassificationData, call
         model = load_classifier(config, model_path, run, data.label_names, data.modality)
         collator = ClassificationCollator.for_model(processor, data.modality, config.max_length, model)
         validation = data.splits["validation"]
-        train_model(config, run, model, collator, data.splits["train"], validation, callbacks)
+        train_model(
+            config, run, model, collator, data.splits["train"], validation, callbacks, processors=(processor,)
+        )
         del model
         gc.collect()
 

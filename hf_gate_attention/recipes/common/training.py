@@ -183,6 +183,7 @@ def train_model(
     *,
     trainer_class: type[GateLearningRateTrainer] = GateLearningRateTrainer,
     trainer_kwargs: dict | None = None,
+    processors: tuple = (),
 ) -> dict:
     """Train `model` (the model of `run`, built by the recipe) with the Trainer and the training keys of
     `config` (those `training_arguments` reads, plus `run_dir`, `resume`, `gate_learning_rate`), save it to
@@ -190,7 +191,8 @@ def train_model(
 
     `data_collator` turns a list of `train_set` rows into the model's batch. `trainer_class` (a
     `GateLearningRateTrainer`, e.g. one with its own `compute_loss`) gets `trainer_kwargs` as extra keyword
-    arguments. With `config.resume`, training
+    arguments. `processors` (the tokenizer, an image processor) are saved beside the weights, so that
+    `<run>/model` loads on its own (`pipeline`, `transformers serve`). With `config.resume`, training
     continues from the last complete checkpoint in `<run>/checkpoints`. A model without trainable parameters
     is not trained (`"trained": False`).
     """
@@ -218,6 +220,9 @@ def train_model(
             logger.warning("Run %s: resuming from %s", run.name, checkpoint)
         result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model(str(run_dir / "model"))
+        if trainer.is_world_process_zero():
+            for processor in processors:
+                processor.save_pretrained(run_dir / "model")
         summary |= {
             "trained": True,
             "resumed_from": None if checkpoint is None else Path(checkpoint).name,

@@ -102,4 +102,5 @@ def train_student(
         callbacks,
         trainer_class=DistillationTrainer,
         trainer_kwargs={"teacher": teacher, "run": run, "temperature": config.temperature, "pairs": pairs},
+        processors=(tokenizer,),
     )

@@ -118,6 +118,8 @@ def train_job(
     final = diagnose(model, [{"input_ids": block[None]} for block in test[: config.test_probe_blocks]])
     atomic_write_json(job_dir / FINAL_DIAGNOSTICS_FILE, final)
     trainer.save_model(str(job_dir / "model"))
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(job_dir / "model")  # the folder loads on its own (`pipeline`)
     metrics = {
         "job": job.name,
         "run": job.run.to_dict(),

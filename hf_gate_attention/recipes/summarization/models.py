@@ -76,7 +76,9 @@ def train_run(
     """
     model = build_trainable_model(config, model_path, run)
     collator = DataCollatorForSummarization(tokenizer.pad_token_id)
-    return train_model(config, run, model, collator, train_set, validation_set, callbacks)
+    return train_model(
+        config, run, model, collator, train_set, validation_set, callbacks, processors=(tokenizer,)
+    )
 
 
 def load_trained_model(config: RecipeConfig, run: RunSpec, model_path: str):

@@ -55,6 +55,18 @@ def _default_name(folder: Path) -> str:
     return folder.parent.name if folder.name == "model" else folder.name  # the recipe's <run>/model
 
 
+def _recipe_results_of(folder: Path) -> tuple[Path | None, str | None]:
+    """`(results folder, run)` when `folder` is a recipe's `<results>/<run>/model` (the run's `metrics.json`
+    beside it, the comparison one folder up), else `(None, None)`."""
+    run_dir = folder.resolve().parent
+    recipe_written = (run_dir / "metrics.json").is_file() and (run_dir.parent / "comparison.json").is_file()
+    return (
+        (run_dir.parent, run_dir.name)
+        if folder.resolve().name == "model" and recipe_written
+        else (None, None)
+    )
+
+
 def render_model_card(
     folder, *, results=None, run=None, base_model=None, datasets=None, repo_id=None
 ) -> ModelCard:
@@ -64,14 +76,22 @@ def render_model_card(
         folder: checkpoint folder; its config.json must hold a `gate_attention` entry.
         results (*optional*): results folder of a recipe (`comparison.json`, `<run>/metrics.json`) this
             checkpoint was evaluated in, described by its recipe (registered on `import
-            hf_gate_attention.recipes`). Without it the card says that no results were recorded.
-        run (*optional*): the run of `results` this checkpoint is; defaults to the single gated run with the
-            checkpoint's gate config.
+            hf_gate_attention.recipes`). Defaults to the recipe's results folder when `folder` is a recipe's
+            `<results>/<run>/model`; otherwise the card says that no results were recorded.
+        run (*optional*): the run of `results` this checkpoint is; defaults to the run `folder` is in (for a
+            recipe's `<run>/model`) or the single gated run with the checkpoint's gate config.
         base_model, datasets (*optional*): Hub ids for the metadata; by default the recipe's model (or
             `_name_or_path`) when it is a Hub id, and no datasets.
         repo_id (*optional*): the Hub repo shown in the usage code; defaults to the folder's name.
     """
     folder = Path(folder)
+    if results is None:
+        results, recipe_run = _recipe_results_of(folder)
+        if results is None and run is not None:
+            raise ValueError(
+                f"run={run!r} names a run of a recipe's results folder: pass results= too (--results)"
+            )
+        run = run or recipe_run
     ckpt = read_checkpoint(folder)
     res = None if results is None else describe_results(read_results(results, ckpt["gate"], run), ckpt)
     model = res and res.model

@@ -30,6 +30,7 @@ from hf_gate_attention.recipes.common.run_dir import (
 )
 from hf_gate_attention.recipes.common.runner import key_help
 from hf_gate_attention.recipes.common.training import check_checkpoint, last_complete_checkpoint
+from hf_gate_attention.recipes.registry import RECIPES
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
 from hf_gate_attention.recipes.summarization.models import load_pretrained
@@ -348,6 +349,26 @@ def test_the_recipe_command_lists_every_recipe_and_its_actions(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recipe", "translation"])
     assert exit_info.value.code == 2 and "invalid choice: 'translation'" in capsys.readouterr().err
+
+
+def test_the_command_lines_help_names_every_registered_recipe(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"run a recipe ({', '.join(RECIPES)}) or one of its actions" in text
+    assert "captioning" in RECIPES
+
+
+@pytest.mark.parametrize(
+    ("recipe", "actions"),
+    [("summarization", "reproduction, diagnosis, recreate, lengths, tables"), ("captioning", "none")],
+)
+def test_a_word_that_is_not_an_action_is_named_with_the_actions(recipe, actions, capsys):
+    assert cli_main(["recipe", recipe, "frobnicate", "max_steps=2"]) == 2
+    assert capsys.readouterr().err == (
+        f"hf-gate-attention recipe {recipe}: error: 'frobnicate' is not an action of this recipe (its "
+        f"actions: {actions}); its run takes --config FILE and KEY=VALUE or --key value overrides\n"
+    )
 
 
 def test_a_recipe_action_runs_under_its_command(tmp_path, capsys):

@@ -439,6 +439,17 @@ def cmd_serve(args) -> None:
     )
 
 
+def _recipe_command_help() -> str:
+    """The `recipe` command's line in `--help`, naming the registered recipes (or the extra they need)."""
+    try:
+        from .recipes.registry import RECIPES
+    except ImportError:
+        names = "needs the [recipes] extra"
+    else:
+        names = ", ".join(RECIPES)
+    return f"run a recipe ({names}) or one of its actions (see `{PROG} recipe --help`)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -458,12 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     patch_parser.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     patch_parser.set_defaults(func=cmd_patch)
 
-    commands.add_parser(
-        "recipe",
-        help="run a recipe (summarization, classification, distillation, pretraining) or one of its actions "
-        "(see `hf-gate-attention recipe --help`)",
-        add_help=False,
-    )
+    commands.add_parser("recipe", help=_recipe_command_help(), add_help=False)
     commands.add_parser(
         "summarize", help="= `hf-gate-attention recipe summarization` (hf-gate-summarize)", add_help=False
     )

@@ -24,7 +24,9 @@ def signed(value: float | None, digits: int = 2) -> str:
 
 
 def signed_percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.1f} %"
+    """A change relative to a baseline, in %; `None` (a baseline of 0: the relative change is undefined)
+    shows as `n/a (baseline 0)`."""
+    return "n/a (baseline 0)" if value is None else f"{value:+.1f} %"
 
 
 def gate_label(gate: dict | None, baseline: str = "none (baseline)") -> str:

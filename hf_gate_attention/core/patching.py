@@ -8,6 +8,7 @@ the model on `unpatch`. The backend is a property of this patched instance, neve
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable, Iterator
 from types import MethodType
 
@@ -103,6 +104,7 @@ def patch(
     query_weight = first.module.get_submodule(first.family.query).weight
     if not query_weight.dtype.is_floating_point:  # quantized: the backends see the dtype the gates compute in
         query_weight = query_weight.new_empty(0, dtype=gate_dtype(first, base))
+    _keep_cpu_4bit_layers_trainable(base)
     no_attention_function = _attention_function_unavailable(base, layout)
     if no_attention_function and backend == "auto" and config.top_k is not None:
         backend = "torch"  # top_k's Triton kernels and sparse paths are attention functions
@@ -133,6 +135,40 @@ def patch(
     if train_gates_only:
         freeze_all_but_gates(model)
     return model
+
+
+def _keep_cpu_4bit_layers_trainable(model: nn.Module) -> None:
+    """Turn off bitsandbytes' (0.50) repacking of 4-bit weights on a CPU with AVX512-BF16: the first forward
+    in eval mode without gradients repacks them into a format without backward, so that training after an
+    evaluation gets zero gradients (with one torch warning only). Warns what it did, and about layers that an
+    evaluation before `patch` already repacked."""
+    on_cpu = [
+        m
+        for m in model.modules()
+        if hasattr(m, "support_avx512bf16_for_cpu") and m.weight.device.type == "cpu"
+    ]
+    repacking = [m for m in on_cpu if m.support_avx512bf16_for_cpu]
+    for module in repacking:
+        module.support_avx512bf16_for_cpu = False
+    if repacking:
+        warnings.warn(
+            f"set support_avx512bf16_for_cpu = False on {len(repacking)} bitsandbytes 4-bit layers: on this "
+            "CPU (AVX512-BF16) their weights are repacked on the first evaluation into a format without "
+            "backward, and training after it would get zero gradients; set it back to True on a model that "
+            "is only evaluated (faster CPU inference)",
+            stacklevel=3,
+        )
+    packed = [
+        m for m in on_cpu if getattr(getattr(m.weight, "quant_state", None), "packing_format_for_cpu", False)
+    ]
+    if packed:
+        warnings.warn(
+            f"{len(packed)} bitsandbytes 4-bit layers were repacked for CPU inference by an evaluation "
+            "before patch: they have no backward, so training this model gets zero gradients. Load it again "
+            "and set support_avx512bf16_for_cpu = False on its Linear4bit layers (or patch it) before "
+            "evaluating",
+            stacklevel=3,
+        )
 
 
 def _under_tensor_parallelism(model: nn.Module, config: GateConfig, backend: str, sparse: bool | None):

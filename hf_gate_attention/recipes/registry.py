@@ -10,6 +10,7 @@ when this module is imported (by `hf_gate_attention.recipes`).
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 
 from ..sharing.card.results import RecipeResults, register_results_describer
@@ -148,6 +149,14 @@ def run_recipe(name: str, argv: list[str], prog: str) -> int:
     action = recipe.action(argv[0]) if argv else None
     if action is not None:
         return _function(action.target)(argv[1:], prog=f"{prog} {action.name}")
+    if argv and not argv[0].startswith("-") and "=" not in argv[0]:
+        actions = ", ".join(action.name for action in recipe.actions) or "none"
+        print(
+            f"{prog}: error: {argv[0]!r} is not an action of this recipe (its actions: {actions}); its run "
+            "takes --config FILE and KEY=VALUE or --key value overrides",
+            file=sys.stderr,
+        )
+        return 2
     return _function(recipe.run)(argv, prog=prog, epilog=actions_help(recipe, prog))
 
 

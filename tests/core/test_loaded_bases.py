@@ -71,6 +71,49 @@ def test_gates_are_float_identity_exact_and_trained_with_lora(checkpoint, quanti
     assert not any("attn_gate" in name for name, _ in model.named_modules())
 
 
+def _with_cpu_repacking(model) -> list:
+    """The model's 4-bit layers, set to repack their weights on an evaluation as bitsandbytes sets them on a
+    CPU with AVX512-BF16."""
+    bnb = pytest.importorskip("bitsandbytes")
+    layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = True
+    return layers
+
+
+def test_patch_keeps_a_4bit_base_trainable_after_an_evaluation_on_a_cpu_with_avx512_bf16(checkpoint):
+    peft = pytest.importorskip("peft")
+    model = load_quantized(checkpoint, "4bit-float32")
+    layers = _with_cpu_repacking(model)
+    with pytest.warns(
+        UserWarning, match=f"set support_avx512bf16_for_cpu = False on {len(layers)} bitsandbytes"
+    ):
+        patch(model)
+    assert layers and not any(layer.support_avx512bf16_for_cpu for layer in layers)
+    with torch.no_grad():
+        model(**INPUTS)  # an evaluation: where bitsandbytes repacks, the weights lost their backward here
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["attn_gate"])
+    model = peft.get_peft_model(peft.prepare_model_for_kbit_training(model), lora)
+    model.train()
+    model(**INPUTS, labels=INPUTS["input_ids"]).loss.backward()
+    trained = [p for n, p in model.named_parameters() if "lora_B" in n or "attn_gate.modules_to_save" in n]
+    assert len(trained) == 8 and all(p.grad is not None and p.grad.abs().sum() > 0 for p in trained)
+
+
+def test_patch_warns_of_4bit_layers_an_evaluation_repacked_before_it(checkpoint):
+    bnb = pytest.importorskip("bitsandbytes")
+    if not bnb.functional.has_avx512bf16():
+        pytest.skip("bitsandbytes repacks 4-bit weights only on a CPU with AVX512-BF16")
+    model = load_quantized(checkpoint, "4bit-float32")
+    layers = _with_cpu_repacking(model)
+    with torch.no_grad():
+        model(**INPUTS)
+    with pytest.warns(
+        UserWarning, match=f"{len(layers)} bitsandbytes 4-bit layers were repacked for CPU inference"
+    ):
+        patch(model)
+
+
 def test_fused_gate_does_not_merge_into_a_quantized_query_and_says_so(checkpoint):
     model = load_quantized(checkpoint, "4bit-float32")
     with torch.no_grad():

@@ -223,6 +223,14 @@ def test_bad_input_is_refused_before_anything_trains(encoder, tmp_path, capsys):
         runs=[{"name": "all", "gate": {"attention": ["encoder", "cross"]}}],
     )
     refused("image_size=60 is not a multiple of the encoder's patch size 14", image_size=60)
+    refused(
+        "decoder='scratch-gpt3' is not a built-in decoder; accepted: scratch-gpt2, scratch-bert, or a Hub id",
+        decoder="scratch-gpt3",
+    )
+    refused(
+        "decoder 'nobody/no-decoder': ", decoder="nobody/no-decoder"
+    )  # the Hub's message follows (offline)
+    refused("(the built-in decoders: scratch-gpt2, scratch-bert)", decoder="nobody/no-decoder")
 
 
 def test_metadata_objects_are_read_into_masks_and_splits_are_carved(tmp_path):

@@ -246,6 +246,8 @@ def test_bad_input_is_reported(tmp_path, capsys):
         ("max_grad_norm", -1, "max_grad_norm=-1.0 is not valid; accepted: a finite number >= 0"),
         ("lr_scheduler_type", "cosin", "lr_scheduler_type='cosin' is not valid; accepted: linear, cosine"),
         ("logging_steps", 0, "logging_steps=0"),
+        ("intermediate_size", -5, "intermediate_size=-5 must be >= 1"),
+        ("seeds", [0, -1], "seeds must be a non-empty list of distinct integers >= 0, got \\[0, -1\\]"),
     ):
         with pytest.raises(ValueError, match=message):
             StudyConfig.from_dict({**keys, key: value})

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import transformers
 from helpers import RUNS, loss_steps, tiny_config, write_config, write_jsonl
 from PIL import Image
@@ -29,6 +30,7 @@ from hf_gate_attention.recipes.common.run_dir import (
 )
 from hf_gate_attention.recipes.common.runner import key_help
 from hf_gate_attention.recipes.common.training import check_checkpoint, last_complete_checkpoint
+from hf_gate_attention.recipes.registry import RECIPES
 from hf_gate_attention.recipes.summarization import RecipeConfig, load_config, run_comparison
 from hf_gate_attention.recipes.summarization.cli import main
 from hf_gate_attention.recipes.summarization.models import load_pretrained
@@ -251,6 +253,18 @@ def test_unknown_config_key_is_named(tmp_path, capsys, where):
         ({"weight_decay": -5}, "weight_decay=-5.0 is not valid; accepted: a finite number >= 0"),
         ({"lr_scheduler_type": "cosin"}, "lr_scheduler_type='cosin' is not valid; accepted: linear, cosine"),
         ({"bf16": True, "fp16": True}, "bf16 and fp16 are both set"),
+        (
+            {"resume": True, "overwrite": True},
+            "--resume and --overwrite conflict: --resume continues the run",
+        ),
+        (
+            {"max_train_examples": -5},
+            "max_train_examples=-5 is not valid; accepted: an integer >= 1, or null (all)",
+        ),
+        ({"max_test_examples": 0}, "max_test_examples=0 is not valid"),
+        ({"seed": -1}, "seed=-1 is not valid; accepted: a finite number >= 0"),
+        ({"lora_r": 0}, "lora_r=0 is not valid; accepted: an integer >= 1"),
+        ({"lora_dropout": 1}, "lora_dropout=1.0 is not valid; accepted: 0 <= lora_dropout < 1"),
         ({"dataset": "./missing/docs"}, "dataset './missing/docs': no such file or folder"),
         ({"model": "./missing/model"}, "model './missing/model': no such file or folder"),
     ],
@@ -288,6 +302,34 @@ def test_output_folder_holding_a_different_run_is_refused_unless_overwrite(tmp_p
         check_run_dir(RecipeConfig(output_dir=str(tmp_path), name="foreign"))
 
 
+def test_resume_with_overwrite_is_refused_and_the_run_kept(tmp_path, capsys):
+    config = RecipeConfig(output_dir=str(tmp_path))
+    claim_run_dir(config)
+    checkpoint = _checkpoint(config.run_dir / "baseline" / "checkpoints" / "checkpoint-2", STATE)
+    argv = ["--output_dir", str(tmp_path), "--resume", "--overwrite"]
+    assert main(argv) == 2
+    assert "--resume and --overwrite conflict" in _error(capsys)
+    assert (checkpoint / "optimizer.pt").is_file()  # nothing set aside or deleted
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "is a folder; expected a YAML or JSON file"),
+        (
+            b"max_steps: \xff\xfe\n",
+            "is not UTF-8 text (invalid start byte at byte 11); expected a YAML or JSON",
+        ),
+        (b"max_steps: [\n", "is not valid YAML"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_named(tmp_path, capsys, content, message):
+    path = tmp_path / "c.yaml"
+    path.mkdir() if content is None else path.write_bytes(content)
+    assert main(["--config", str(path)]) == 2
+    assert f"config file {str(path)!r} {message}" in _error(capsys)
+
+
 def test_config_file_and_overrides(tmp_path):
     path = write_config(tmp_path / "c.yaml", {"max_steps": 10, "bf16": False, "runs": RUNS[:2]})
     overrides = parse_overrides(
@@ -316,6 +358,26 @@ def test_the_recipe_command_lists_every_recipe_and_its_actions(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["recipe", "translation"])
     assert exit_info.value.code == 2 and "invalid choice: 'translation'" in capsys.readouterr().err
+
+
+def test_the_command_lines_help_names_every_registered_recipe(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"run a recipe ({', '.join(RECIPES)}) or one of its actions" in text
+    assert "captioning" in RECIPES
+
+
+@pytest.mark.parametrize(
+    ("recipe", "actions"),
+    [("summarization", "reproduction, diagnosis, recreate, lengths, tables"), ("captioning", "none")],
+)
+def test_a_word_that_is_not_an_action_is_named_with_the_actions(recipe, actions, capsys):
+    assert cli_main(["recipe", recipe, "frobnicate", "max_steps=2"]) == 2
+    assert capsys.readouterr().err == (
+        f"hf-gate-attention recipe {recipe}: error: 'frobnicate' is not an action of this recipe (its "
+        f"actions: {actions}); its run takes --config FILE and KEY=VALUE or --key value overrides\n"
+    )
 
 
 def test_a_recipe_action_runs_under_its_command(tmp_path, capsys):
@@ -404,27 +466,59 @@ def test_summarize_help_names_the_command_it_was_called_as(capsys):
         assert capsys.readouterr().out.startswith(f"usage: {prog} ")
 
 
-def _checkpoint(folder: Path, files: dict[str, str]) -> Path:
+def _checkpoint(folder: Path, files: dict[str, str | None]) -> Path:
+    """A checkpoint folder holding `files`: text, or `None` for a file that `torch.save` writes."""
     folder.mkdir(parents=True)
     for name, text in files.items():
-        (folder / name).write_text(text)
+        if text is None:
+            torch.save({"state": 1}, folder / name)
+        else:
+            (folder / name).write_text(text)
     return folder
 
 
-def test_a_checkpoint_without_optimizer_state_or_with_a_corrupt_state_is_refused(tmp_path):
-    state = {"trainer_state.json": "{}", "optimizer.pt": "x", "scheduler.pt": "x"}
-    check_checkpoint(_checkpoint(tmp_path / "complete", state))
-    no_optimizer = _checkpoint(
-        tmp_path / "checkpoint-4", {k: v for k, v in state.items() if k != "optimizer.pt"}
-    )
-    with pytest.raises(ValueError, match=r"checkpoint-4 holds no optimizer state: resuming would start"):
+STATE = {"trainer_state.json": "{}", "optimizer.pt": None, "scheduler.pt": None, "rng_state.pth": None}
+
+
+@pytest.mark.parametrize(
+    ("dropped", "message"),
+    [
+        ("optimizer.pt", "checkpoint-4 holds no optimizer state: resuming would start them afresh"),
+        ("scheduler.pt", "checkpoint-4 holds no scheduler state"),
+        ("rng_state.pth", "checkpoint-4 holds no random number generator state"),
+    ],
+)
+def test_a_checkpoint_without_part_of_its_training_state_is_refused(tmp_path, dropped, message):
+    check_checkpoint(_checkpoint(tmp_path / "complete", STATE))
+    incomplete = _checkpoint(tmp_path / "checkpoint-4", {k: v for k, v in STATE.items() if k != dropped})
+    with pytest.raises(
+        ValueError, match=f"{message}.*Delete .*checkpoint-4 to resume from the checkpoint before"
+    ):
         last_complete_checkpoint(tmp_path)
-    assert no_optimizer.is_dir()  # the user's to delete: not removed like a checkpoint interrupted mid-save
-    corrupt = _checkpoint(tmp_path / "corrupt", {**state, "trainer_state.json": '{"global_step": '})
-    with pytest.raises(ValueError, match=r"corrupt/trainer_state\.json is not valid JSON"):
-        check_checkpoint(corrupt)
-    deepspeed = _checkpoint(tmp_path / "deepspeed", {"trainer_state.json": "{}"})
-    (deepspeed / "global_step4").mkdir()  # DeepSpeed keeps optimizer and scheduler state there
+    assert incomplete.is_dir()  # the user's to delete: not removed like a checkpoint interrupted mid-save
+
+
+@pytest.mark.parametrize(
+    ("damaged", "message"),
+    [
+        ({"trainer_state.json": '{"global_step": '}, r"trainer_state\.json is not valid JSON"),
+        ({"config.json": "{"}, r"config\.json is not valid JSON"),
+        ({"optimizer.pt": "garbage"}, r"optimizer\.pt cannot be read \(not a file that torch\.save writes"),
+        ({"rng_state_1.pth": "garbage"}, r"rng_state_1\.pth cannot be read"),
+        ({"model.safetensors": "garbage"}, r"model\.safetensors is not a readable safetensors file"),
+    ],
+)
+def test_a_damaged_checkpoint_names_its_file_and_what_to_do(tmp_path, damaged, message):
+    folder = _checkpoint(tmp_path / "checkpoint-6", {**STATE, **damaged})
+    with pytest.raises(
+        ValueError, match=f"checkpoint .*checkpoint-6 is damaged: .*{message}.*Delete .*checkpoint-6 "
+    ):
+        check_checkpoint(folder)
+
+
+def test_a_deepspeed_checkpoint_keeps_its_optimizer_and_scheduler_state_in_its_own_folder(tmp_path):
+    deepspeed = _checkpoint(tmp_path / "deepspeed", {"trainer_state.json": "{}", "rng_state_0.pth": None})
+    (deepspeed / "global_step4").mkdir()
     check_checkpoint(deepspeed)
 
 
@@ -438,7 +532,7 @@ def test_resuming_on_changed_data_is_refused(tmp_path):
     assert changed["test"] == first["test"] and changed["train"]["rows"] == first["train"]["rows"]
     with pytest.raises(ValueError, match=r"data of the run .* changed since it started \(train: 1 rows"):
         check_run_data(resume, changed)
-    check_run_data(resume.replace(overwrite=True), changed)  # starts over: nothing to compare
+    check_run_data(config.replace(overwrite=True), changed)  # starts over: nothing to compare
     images = [{"image": Image.new("L", (4, 4), color), "label": 0} for color in (0, 1)]
     assert data_fingerprint({"t": images[:1]}) != data_fingerprint({"t": images[1:]})
 

@@ -64,6 +64,31 @@ def test_report_needs_a_baseline(recipe_results, tmp_path, capsys):
     assert "no baseline run" in capsys.readouterr().err and not (tmp_path / "x.md").exists()
 
 
+@pytest.mark.slow
+def test_a_baseline_scoring_0_shows_the_relative_changes_as_undefined(recipe_results, tmp_path):
+    results = tmp_path / "zero"
+    shutil.copytree(recipe_results, results, ignore=shutil.ignore_patterns("checkpoints", "model"))
+    comparison = json.loads((results / "comparison.json").read_text())
+    for row in comparison["runs"]:  # as `rouge_deltas` writes them against a baseline mean of 0
+        metrics = json.loads((results / row["run"] / "metrics.json").read_text())
+        for data in (row, metrics):
+            if data["gate"] is None:
+                data["rouge"]["rougeL"]["mean"] = 0.0
+            else:
+                data["deltas"]["rougeL"]["percent"] = None
+        (results / row["run"] / "metrics.json").write_text(json.dumps(metrics))
+    (results / "comparison.json").write_text(json.dumps(comparison))
+    text = reproduction_report(results, "cmd")
+    gated = [row for row in comparison["runs"] if row["gate"] is not None]
+    for row in gated:
+        delta = row["deltas"]["rougeL"]
+        cell = f"{delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] (n/a (baseline 0))"
+        assert f"| {row['run']} | {cell} |" in text  # the verdicts
+    undefined = sum(delta["percent"] is None for row in gated for delta in row["deltas"].values())
+    assert text.count("(n/a (baseline 0))") == len(gated) + undefined  # and each such cell of the table
+    assert "Baseline ROUGE-L 0.00" in text
+
+
 def test_validation_losses_table_lists_the_last_evaluation_of_each_evaluated_run():
     from hf_gate_attention.recipes.summarization.reproduction import _validation_losses
 

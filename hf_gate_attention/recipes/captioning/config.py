@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ...core.config import GateConfig
 from ..common.config import RecipeConfigBase, RunSpec, TrainingKeys, check_shared_keys
@@ -115,6 +116,15 @@ class CaptioningConfig(RecipeConfigBase, TrainingKeys):
 
     def _validate(self) -> None:
         check_shared_keys(self)
+        if (
+            self.decoder.startswith("scratch-")
+            and self.decoder not in DECODERS
+            and not Path(self.decoder).exists()
+        ):
+            raise ValueError(
+                f"decoder={self.decoder!r} is not a built-in decoder; accepted: {', '.join(DECODERS)}, "
+                "or a Hub id or local folder of a pretrained decoder that takes cross-attention"
+            )
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
         if not 0 < self.mask_threshold <= 1:

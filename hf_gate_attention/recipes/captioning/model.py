@@ -52,7 +52,12 @@ def load_tokenizer(config: CaptioningConfig, decoder_path: str | None, train_cap
     (its EOS as pad token when it has none)."""
     if decoder_path is None:
         return build_word_tokenizer(train_captions)
-    tokenizer = load_processor(decoder_path)
+    try:
+        tokenizer = load_processor(decoder_path)
+    except OSError as err:  # the first read of the decoder: a Hub id offline or mistyped, a folder without it
+        raise OSError(
+            f"decoder {config.decoder!r}: {err} (the built-in decoders: {', '.join(DECODERS)})"
+        ) from err
     if not tokenizer.is_fast:
         raise ValueError(f"decoder {config.decoder!r}: the recipe needs a fast tokenizer (word offsets)")
     if tokenizer.pad_token_id is None:

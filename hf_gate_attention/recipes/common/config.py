@@ -66,7 +66,9 @@ class RunSpec:
 
 def check_shared_keys(config) -> None:
     """The checks every recipe's config shares: `name` (a folder name), `runs` (at least one, unique names,
-    at most one ungated baseline) and `backend`; `ValueError` naming what is wrong and what is accepted."""
+    at most one ungated baseline), `backend`, not both `resume` and `overwrite`, the `max_<split>_examples`
+    (where the config has them) and the training keys; `ValueError` naming what is wrong and what is
+    accepted."""
     if not RUN_NAME.match(config.name):
         raise ValueError(f"name={config.name!r} is not valid: use letters, digits, '.', '_' or '-'")
     names = [r.name for r in config.runs]
@@ -76,6 +78,16 @@ def check_shared_keys(config) -> None:
         raise ValueError(f"at most one run may be the ungated baseline (gate: null), got {names}")
     if config.backend not in backend_names():
         raise ValueError(f"backend={config.backend!r} is not valid; accepted: {', '.join(backend_names())}")
+    if config.resume and config.overwrite:
+        raise ValueError(
+            "--resume and --overwrite conflict: --resume continues the run in "
+            f"{config.run_dir} (finished trainings kept, interrupted ones continued from their checkpoints), "
+            "--overwrite starts it over (the old results deleted once the new ones are complete); pass one"
+        )
+    for key in [f"max_{split}_examples" for split in ("train", "validation", "test")]:
+        value = getattr(config, key, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{key}={value!r} is not valid; accepted: an integer >= 1, or null (all)")
     check_training_keys(config)
 
 
@@ -169,7 +181,7 @@ class TrainingKeys:
         gradient_accumulation_steps (`int`): steps whose gradients are summed per optimizer step.
         bf16, fp16 (`bool`): mixed-precision training (at most one).
         gradient_checkpointing (`bool`): recompute activations in the backward pass (less memory, slower).
-        seed (`int`): seed of the initialisation and of the data order, the same for every run.
+        seed (`int`): seed of the initialisation and of the data order, the same for every run, >= 0.
         logging_steps (`int`): training loss logged every N steps (the loss curves).
         eval_steps (`int`, *optional*): validation loss every N steps (validation split, never test);
             `None`: never.
@@ -214,6 +226,7 @@ TRAINING_RANGES = {
     "save_steps": (1, False, False),
     "eval_steps": (1, False, True),
     "save_total_limit": (1, False, True),
+    "seed": (0, False, False),
 }
 
 

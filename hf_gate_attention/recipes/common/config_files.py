@@ -100,9 +100,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_config_file(path: str | Path) -> dict:
     """The mapping in a YAML or JSON config file."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {str(path)!r} is a folder; expected a YAML or JSON file")
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"config file {str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start}); expected "
+            "a YAML or JSON file"
+        ) from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_UniqueKeyLoader)
     except (json.JSONDecodeError, yaml.YAMLError) as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from zipfile import is_zipfile
 
 import torch
 from tqdm.auto import tqdm
@@ -125,25 +126,43 @@ def training_arguments(config, checkpoint_dir: Path) -> TrainingArguments:
 
 
 # What a checkpoint must hold besides its weights and trainer state for training to continue where it stopped
-# (glob patterns: the optimizer's and scheduler's state as the Trainer writes them, or DeepSpeed's folder);
-# without them the Trainer starts a fresh optimizer or schedule without a word.
-RESUME_STATE = {"optimizer": ("optimizer*", "global_step*"), "scheduler": ("scheduler*", "global_step*")}
+# (glob patterns: the optimizer's and scheduler's state as the Trainer writes them, or DeepSpeed's folder; the
+# random number generators' state, one file per process); without them the Trainer starts a fresh optimizer,
+# schedule or random stream without a word.
+RESUME_STATE = {
+    "optimizer": ("optimizer*", "global_step*"),
+    "scheduler": ("scheduler*", "global_step*"),
+    "random number generator": ("rng_state*",),
+}
 
 
 def check_checkpoint(checkpoint: Path) -> None:
-    """`ValueError` naming what a checkpoint lacks or what cannot be read (its trainer state, weights, the
-    optimizer's and scheduler's state), and what to do about it."""
+    """`ValueError` naming what a checkpoint lacks or what cannot be read (its trainer state, model config,
+    weights, the optimizer's, scheduler's and random number generators' state), and what to do about it."""
     checkpoint = Path(checkpoint)
-    read_json(checkpoint / "trainer_state.json")  # names the file when truncated
-    check_safetensors_folder(checkpoint)
+    advice = f"Delete {checkpoint} to resume from the checkpoint before it, or pass --overwrite to start over"
+    try:
+        for name in ("trainer_state.json", "config.json"):
+            read_json(checkpoint / name)  # names the file when truncated
+        check_safetensors_folder(checkpoint)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {checkpoint} is damaged: {err}. {advice}") from None
+    # torch.save writes zip archives: a file that is not one (truncated, overwritten) fails in torch.load
+    damaged = [
+        path.name for g in ("*.pt", "*.pth") for path in sorted(checkpoint.glob(g)) if not is_zipfile(path)
+    ]
+    if damaged:
+        raise ValueError(
+            f"checkpoint {checkpoint} is damaged: {', '.join(damaged)} cannot be read (not a file that "
+            f"torch.save writes: truncated or corrupt?). {advice}"
+        )
     missing = [
         part for part, globs in RESUME_STATE.items() if not any(any(checkpoint.glob(g)) for g in globs)
     ]
     if missing:
         raise ValueError(
             f"checkpoint {checkpoint} holds no {' and no '.join(missing)} state: resuming would start "
-            f"them afresh. Delete {checkpoint} to resume from the checkpoint before it, or pass --overwrite "
-            "to start the run over"
+            f"them afresh. {advice}"
         )
 
 

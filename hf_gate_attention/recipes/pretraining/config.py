@@ -124,8 +124,8 @@ class StudyConfig(RecipeConfigBase):
         unknown = sorted(set(self.main_runs) - set(names))
         if unknown:
             raise ValueError(f"main_runs {unknown} are not in runs ({', '.join(names)})")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise ValueError(f"seeds must be a non-empty list of distinct integers >= 0, got {self.seeds}")
         rates = [self.learning_rate, *self.sweep_learning_rates]
         if any(not math.isfinite(rate) or rate <= 0 for rate in rates) or len(set(rates)) != len(rates):
             raise ValueError(
@@ -139,7 +139,7 @@ class StudyConfig(RecipeConfigBase):
                 "clipping)"
             )
         positive = ("vocab_size", "seq_len", "validation_blocks", "test_blocks", "probe_blocks", "max_steps")
-        positive += ("test_probe_blocks",)
+        positive += ("test_probe_blocks", "intermediate_size")
         positive += ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "per_device_train_batch_size")
         positive += ("eval_steps", "diagnostics_steps", "save_steps", "logging_steps")
         for key in positive:

@@ -30,7 +30,8 @@ class RecipeConfig(RecipeConfigBase, SummaryKeys, TrainingKeys):
             only the gates (the baseline then has nothing to train and is evaluated as is); `"gates+lora"`:
             LoRA adapters on `lora_target_modules` (+ the gates). The baseline trains the same set minus the
             gates.
-        lora_r, lora_alpha, lora_dropout, lora_target_modules: LoRA settings for `train="gates+lora"`.
+        lora_r, lora_alpha, lora_dropout, lora_target_modules: LoRA settings for `train="gates+lora"` (rank
+            and alpha >= 1, dropout in [0, 1)).
     """
 
     # name, output_dir, overwrite, resume, backend, runs: `RecipeConfigBase`
@@ -50,6 +51,13 @@ class RecipeConfig(RecipeConfigBase, SummaryKeys, TrainingKeys):
         check_shared_keys(self)
         if self.train not in TRAIN_MODES:
             raise ValueError(f"train={self.train!r} is not valid; accepted: {', '.join(TRAIN_MODES)}")
+        for key in ("lora_r", "lora_alpha"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key}={getattr(self, key)!r} is not valid; accepted: an integer >= 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(
+                f"lora_dropout={self.lora_dropout!r} is not valid; accepted: 0 <= lora_dropout < 1"
+            )
         check_summary_keys(self)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, rouge_verdict
 from ...files import atomic_write_json, atomic_write_text, read_json
-from ...formatting import score_with_ci, signed, table
+from ...formatting import score_with_ci, signed, signed_percent, table
 from ...offline import resolve_model
 from ...sharing.loading import checkpoint_config
 from ..common.run_dir import CONFIG_FILE
@@ -190,7 +190,7 @@ def lengths_table(rows: list[dict]) -> str:
             "-"
             if row["delta"] is None
             else f"{signed(row['delta']['delta'])} [{signed(row['delta']['low'])}, "
-            f"{signed(row['delta']['high'])}] ({signed(row['delta']['percent'], 1)} %)",
+            f"{signed(row['delta']['high'])}] ({signed_percent(row['delta']['percent'])})",
             row["verdict"],
         ]
         for row in rows

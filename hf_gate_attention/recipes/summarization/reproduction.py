@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...claims import ROUGE_L_CLAIM_PERCENT, SPEEDUP_CLAIM, rouge_verdict, round_speedups, speed_verdict
 from ...files import read_json
-from ...formatting import gate_label
+from ...formatting import gate_label, signed_percent
 from ..common.reports import report_main
 from ..common.speed import NOISY_NOTE, ratio_cell, ratio_summary, round_ratios
 from ..common.summaries.report import SPEED_COLUMNS, markdown_table, rouge_deltas
@@ -247,7 +247,7 @@ def reproduction_report(
         speed_verdicts.append(speed_verdict(speedups))
         verdict_rows.append(
             f"| {run['run']} | {delta['delta']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}] "
-            f"({delta['percent']:+.1f} %) | {rouge_verdicts[-1]} | {ratio_cell(speedup)} "
+            f"({signed_percent(delta['percent'])}) | {rouge_verdicts[-1]} | {ratio_cell(speedup)} "
             f"| {speed_verdicts[-1]} |"
         )
     level = f"{100 * config['confidence']:g} %"

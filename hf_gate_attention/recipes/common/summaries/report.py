@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ....formatting import comparison_csv, gate_label, score_with_ci, signed, table
+from ....formatting import comparison_csv, gate_label, score_with_ci, signed, signed_percent, table
 from ..plots import plot_scores
 from ..speed import MEMORY_RATIO, SpeedColumn, ratio_csv_fields, speed_table, stats_by_run
 from ..speed import speed_ratios as median_ratios
@@ -45,7 +45,7 @@ def speed_ratios(run: dict, baseline: dict) -> dict:
 
 def _delta_cell(delta: dict) -> str:
     interval = f"[{signed(delta['low'])}, {signed(delta['high'])}]"
-    return f"{signed(delta['delta'])} {interval} ({signed(delta['percent'], 1)} %)"
+    return f"{signed(delta['delta'])} {interval} ({signed_percent(delta['percent'])})"
 
 
 def markdown_table(

@@ -294,6 +294,12 @@ ZOO: dict[str, ZooSpec] = {
         "text",
         generates=True,
     ),
+    "codegen": ZooSpec(  # fused qkv_proj: [q | v | k] in each of 4 model-parallel chunks of 2 heads
+        _for_model("codegen", **{**_GPT2, "n_head": 8}, n_ctx=64, rotary_dim=2),
+        _CAUSAL,
+        "text",
+        generates=True,
+    ),
     "falcon": ZooSpec(  # grouped query attention (Falcon-40B/180B layout)
         _for_model("falcon", **_FALCON, new_decoder_architecture=True, num_kv_heads=2),
         _CAUSAL,
@@ -311,6 +317,12 @@ ZOO: dict[str, ZooSpec] = {
     "roberta": ZooSpec(_for_model("roberta", **_ENCODER), transformers.AutoModelForMaskedLM, "text"),
     "xlm-roberta": ZooSpec(_for_model("xlm-roberta", **_ENCODER), _CLASSIFY, "text"),
     "electra": ZooSpec(_for_model("electra", **_ENCODER, embedding_size=16), _CLASSIFY, "text"),
+    "albert": ZooSpec(  # the projections on the attention module itself; one layer shared by both
+        _for_model("albert", **_ENCODER, embedding_size=16, classifier_dropout_prob=0.0), _CLASSIFY, "text"
+    ),
+    "mobilebert": ZooSpec(  # queries and keys read a bottleneck (16 wide), values the layer input (32)
+        _for_model("mobilebert", **_ENCODER, embedding_size=16, intra_bottleneck_size=16), _CLASSIFY, "text"
+    ),
     "distilbert": ZooSpec(
         _for_model(
             "distilbert",
@@ -360,6 +372,9 @@ ZOO: dict[str, ZooSpec] = {
         _for_model("dinov2", **{**_VISION, "image_size": 28, "patch_size": 14}),
         transformers.AutoModel,
         "image",
+    ),
+    "data2vec-vision": ZooSpec(  # attention.query/key/value + output.dense
+        _for_model("data2vec-vision", **_VISION), transformers.AutoModelForImageClassification, "image"
     ),
     "deit": ZooSpec(  # the Auto class maps deit to 2 heads and needs config.architectures: the class itself
         _for_model("deit", **_VISION), transformers.DeiTForImageClassification, "image"

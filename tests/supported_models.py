@@ -66,6 +66,8 @@ def gate_everything(model, sparse: bool | None = None, backend: str = "auto", **
 def _layout(block) -> str:
     family = block.family
     fused = " (fused per key/value group)" if family.qkv_layout == "grouped" else ""
+    if family.qkv_chunks:
+        fused = f" (fused: {', '.join(family.qkv_order)} in each of `{family.qkv_chunks}` chunks)"
     return " / ".join(f"`{path}`" for path in family.paths) + fused
 
 

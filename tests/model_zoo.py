@@ -294,6 +294,12 @@ ZOO: dict[str, ZooSpec] = {
         "text",
         generates=True,
     ),
+    "codegen": ZooSpec(  # fused qkv_proj: [q | v | k] in each of 4 model-parallel chunks of 2 heads
+        _for_model("codegen", **{**_GPT2, "n_head": 8}, n_ctx=64, rotary_dim=2),
+        _CAUSAL,
+        "text",
+        generates=True,
+    ),
     "falcon": ZooSpec(  # grouped query attention (Falcon-40B/180B layout)
         _for_model("falcon", **_FALCON, new_decoder_architecture=True, num_kv_heads=2),
         _CAUSAL,
@@ -311,6 +317,12 @@ ZOO: dict[str, ZooSpec] = {
     "roberta": ZooSpec(_for_model("roberta", **_ENCODER), transformers.AutoModelForMaskedLM, "text"),
     "xlm-roberta": ZooSpec(_for_model("xlm-roberta", **_ENCODER), _CLASSIFY, "text"),
     "electra": ZooSpec(_for_model("electra", **_ENCODER, embedding_size=16), _CLASSIFY, "text"),
+    "albert": ZooSpec(  # the projections on the attention module itself; one layer shared by both
+        _for_model("albert", **_ENCODER, embedding_size=16, classifier_dropout_prob=0.0), _CLASSIFY, "text"
+    ),
+    "mobilebert": ZooSpec(  # queries and keys read a bottleneck (16 wide), values the layer input (32)
+        _for_model("mobilebert", **_ENCODER, embedding_size=16, intra_bottleneck_size=16), _CLASSIFY, "text"
+    ),
     "distilbert": ZooSpec(
         _for_model(
             "distilbert",
@@ -360,6 +372,9 @@ ZOO: dict[str, ZooSpec] = {
         _for_model("dinov2", **{**_VISION, "image_size": 28, "patch_size": 14}),
         transformers.AutoModel,
         "image",
+    ),
+    "data2vec-vision": ZooSpec(  # attention.query/key/value + output.dense
+        _for_model("data2vec-vision", **_VISION), transformers.AutoModelForImageClassification, "image"
     ),
     "deit": ZooSpec(  # the Auto class maps deit to 2 heads and needs config.architectures: the class itself
         _for_model("deit", **_VISION), transformers.DeiTForImageClassification, "image"
@@ -439,14 +454,191 @@ ZOO: dict[str, ZooSpec] = {
 }
 
 
+# ---- every further type of these Auto mappings, shrunk from its default config (`shrunk_config`)
+SWEPT_MAPPINGS = {
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": (_CAUSAL, "text"),
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES": (transformers.AutoModelForMaskedLM, "text"),
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": (transformers.AutoModelForImageClassification, "image"),
+}
+# what `shrunk_config` sets where the default config has it (dropout probabilities go to 0); MoE expert sizes
+# multiples of 8 (torch._grouped_mm)
+SHRUNK = {
+    **{key: 32 for key in ("hidden_size", "d_model", "n_embd", "embedding_size")},
+    **{key: 2 for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers")},
+    **{
+        key: 4 for key in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
+    },
+    **{key: 40 for key in ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "n_inner", "d_ff")},
+    **{"decoder_layers": 2, "decoder_attention_heads": 4, "decoder_ffn_dim": 40, "num_key_value_heads": 2},
+    **{"head_dim": 8, "max_position_embeddings": 64, "n_positions": 64, "image_size": 32, "patch_size": 8},
+    **{"num_channels": 3, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2},
+    **{
+        "moe_intermediate_size": 24,
+        "vocab_size": VOCAB,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+
+
+def shrunk_config(model_type: str, **overrides) -> PretrainedConfig:
+    """The default config of `model_type` with the `SHRUNK` sizes it has, dropout 0; `ValueError` for a
+    composite config (its parts' default configs would stay full size)."""
+    config_class = transformers.AutoConfig.for_model(model_type).__class__
+    if getattr(config_class, "sub_configs", None):
+        raise ValueError(f"composite config ({', '.join(config_class.sub_configs)}): not shrunk")
+    defaults = config_class().to_dict()
+    sizes = {key: value for key, value in SHRUNK.items() if key in defaults}
+    dropout = {
+        k: 0.0 for k, v in defaults.items() if isinstance(v, float) and ("dropout" in k or "pdrop" in k)
+    }
+    return config_class(**{**sizes, **dropout, **overrides})
+
+
+def swept_types(covered: set[str]) -> dict[str, tuple[Any, str]]:
+    """Model type -> (Auto class, input kind) of every type of `SWEPT_MAPPINGS` not in `covered` (the first
+    mapping holding it decides)."""
+    found = {}
+    for mapping, spec in SWEPT_MAPPINGS.items():
+        for model_type in getattr(transformers.models.auto.modeling_auto, mapping):
+            if model_type not in covered:
+                found.setdefault(model_type, spec)
+    return found
+
+
+def build_error(error: Exception) -> str:
+    """How a type that does not build is listed: the exception's class and first line."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:100]}"
+
+
+HAND_WRITTEN = tuple(ZOO)
+COVERED = {key for key in ZOO} | {spec.config().model_type for spec in ZOO.values()}
+# swept types that do not build from a shrunk default config (or whose forward fails), with `build_error`
+UNBUILT: dict[str, str] = {
+    "axk1": "RuntimeError: The size of tensor a (32) must match the size of tensor b (4) at non-singleton dimension 3",  # noqa: E501
+    "axk2": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "bailing_hybrid": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "bamba": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "blt": "ValueError: composite config (patcher_config, encoder_config, decoder_config, global_config): not shrunk",  # noqa: E501
+    "cohere_compass_text": "KeyError: 'full_attention'",
+    "dbrx": "ValueError: composite config (attn_config, ffn_config): not shrunk",
+    "deepseek_v2": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "deepseek_v32": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "dory": "RuntimeError: The size of tensor a (22) must match the size of tensor b (11) at non-singleton dimension 3",  # noqa: E501
+    "dots1": "TypeError: empty() takes 1 positional argument but 3 were given",
+    "dots3_note": "ValueError: composite config (text_config, vision_config, audio_config): not shrunk",
+    "dots3_note_text": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "emu3": "ValueError: composite config (vq_config, text_config): not shrunk",
+    "fuyu": "ValueError: composite config (text_config): not shrunk",
+    "gemma3": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "gemma3n": "ValueError: composite config (text_config, vision_config, audio_config): not shrunk",
+    "gemma3n_text": "ValueError: The set of layer types producing a cache is different than the set of layer types using them",  # noqa: E501
+    "gemma4": "ValueError: composite config (text_config, vision_config, audio_config): not shrunk",
+    "gemma4_assistant": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "gemma4_unified": "ValueError: composite config (text_config, vision_config, audio_config): not shrunk",
+    "gemma4_unified_assistant": "ValueError: composite config (text_config): not shrunk",
+    "git": "ValueError: composite config (vision_config): not shrunk",
+    "glm4_moe_lite": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "glm_moe_dsa": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "got_ocr2": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "gpt_neo": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "granitemoehybrid": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "jamba": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "kimi_linear": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "kolibri1_1": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "lfm2_moe": "TypeError: 'NoneType' object is not subscriptable",
+    "llama4": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "longcat_flash": "RuntimeError: The size of tensor a (32) must match the size of tensor b (4) at non-singleton dimension 3",  # noqa: E501
+    "mamba2": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "minicpm3": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "mllama": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "moshi": "ValueError: composite config (audio_encoder_config, depth_decoder_config): not shrunk",
+    "moss_transcribe_diarize": "ValueError: composite config (audio_config, text_config): not shrunk",
+    "mpt": "ValueError: composite config (attn_config): not shrunk",
+    "musicgen": "ValueError: composite config (text_encoder, audio_encoder, decoder): not shrunk",
+    "musicgen_melody": "ValueError: composite config (text_encoder, audio_encoder, decoder): not shrunk",
+    "phi4_multimodal": "ValueError: composite config (audio_config, vision_config): not shrunk",
+    "qwen3_5": "ValueError: composite config (vision_config, text_config): not shrunk",
+    "qwen3_5_moe": "ValueError: composite config (vision_config, text_config): not shrunk",
+    "qwen3_5_moe_text": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "qwen3_5_text": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "qwen4_exp": "ValueError: composite config (vision_config, text_config): not shrunk",
+    "qwen4_exp_text": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "recurrent_gemma": "ValueError: `get_mask_sizes` can only be called on Attention layers, and the current Cache seem to only contain ",  # noqa: E501
+    "reformer": "AssertionError: If you want to use `ReformerModelWithLMHead` make sure that `is_decoder=True`.",  # noqa: E501
+    "sarvam_mla": "RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 1",  # noqa: E501
+    "xlstm": "ValueError: matC_old has wrong shape, got torch.Size([2, 4, 16, 16])",
+    "xmod": "ValueError: Input language unknown. Please call `XmodPreTrainedModel.set_default_language()`",
+    "youtu": "RuntimeError: The size of tensor a (32) must match the size of tensor b (4) at non-singleton dimension 3",  # noqa: E501
+    "zamba": "StrictDataclassClassValidationError: Class validation error for validator 'validate_layer_type':",  # noqa: E501
+    "zamba2": "StrictDataclassClassValidationError: Class validation error for validator 'validate_layer_type':",  # noqa: E501
+    "zaya": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "esm": "ValueError: composite config (esmfold_config): not shrunk",
+    "esmc": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",  # noqa: E501
+    "modernvbert": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "neomme": "ValueError: rope_parameters['full_attention']['partial_rotary_factor']=0.25 rotates 2 of head_dim=8 dims, which ",  # noqa: E501
+    "ultravbert": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "bit": "AttributeError: 'BitConfig' object has no attribute 'image_size'",
+    "convnext": "RuntimeError: Calculated padded input size per channel: (1 x 1). Kernel size: (2 x 2). Kernel size can't be greate",  # noqa: E501
+    "convnextv2": "RuntimeError: Calculated padded input size per channel: (1 x 1). Kernel size: (2 x 2). Kernel size can't be greate",  # noqa: E501
+    "cvt": "StrictDataclassFieldValidationError: Validation error for field 'num_heads':",
+    "dinat": "StrictDataclassFieldValidationError: Validation error for field 'num_heads':",
+    "donut-swin": "StrictDataclassFieldValidationError: Validation error for field 'num_heads':",
+    "hgnet_v2": "AttributeError: 'HGNetV2Config' object has no attribute 'image_size'",
+    "hiera": "StrictDataclassFieldValidationError: Validation error for field 'image_size':",
+    "imagegpt": "AttributeError: 'ImageGPTConfig' object has no attribute 'image_size'",
+    "levit": "StrictDataclassFieldValidationError: Validation error for field 'num_attention_heads':",
+    "metaclip_2": "ValueError: composite config (vision_config, text_config): not shrunk",
+    "mobilevitv2": "RuntimeError: Given input with spatial size (4, 4), kernel_size=(8, 8), dilation=(1, 1), padding=(0, 0), calculate",  # noqa: E501
+    "poolformer": "AttributeError: 'PoolFormerConfig' object has no attribute 'image_size'",
+    "pp_lcnet": "AttributeError: 'PPLCNetConfig' object has no attribute 'image_size'",
+    "pvt": "StrictDataclassFieldValidationError: Validation error for field 'num_attention_heads':",
+    "pvt_v2": "StrictDataclassFieldValidationError: Validation error for field 'num_attention_heads':",
+    "regnet": "AttributeError: 'RegNetConfig' object has no attribute 'image_size'",
+    "resnet": "AttributeError: 'ResNetConfig' object has no attribute 'image_size'",
+    "segformer": "StrictDataclassFieldValidationError: Validation error for field 'num_attention_heads':",
+    "shieldgemma2": "ValueError: composite config (text_config, vision_config): not shrunk",
+    "siglip2": "ValueError: composite config (vision_config, text_config): not shrunk",
+    "swinv2": "StrictDataclassFieldValidationError: Validation error for field 'num_heads':",
+    "textnet": "AttributeError: 'TextNetConfig' object has no attribute 'num_channels'",
+    "timm_wrapper": "ImportError: TimmWrapperForImageClassification requires the timm library but it was not found in your environment",  # noqa: E501
+}
+# swept types that patch does not refuse but that fail checks of the matrix (not yet served): the checks
+UNCHECKED: dict[str, str] = {
+    "bigbird_pegasus": "gradient, value-gate heads",
+    "bitnet": "top-k",
+    "blenderbot": "gradient, value-gate heads",
+    "blenderbot-small": "gradient, value-gate heads",
+    "diffllama": "top-k, value-gate heads",
+    "falcon_h1": "gradient, identity/unpatch",
+    "flint": "top-k",
+    "gpt_oss": "top-k",
+    "granite_swa": "top-k",
+    "granitemoe_swa": "top-k",
+    "hy_v4": "gradient, top-k, value-gate heads",
+    "inkling_text": "top-k",
+    "longformer": "gradient, identity/unpatch, top-k",
+    "luke": "gradient, top-k",
+    "minimax": "identity/unpatch",
+    "mra": "gradient, value-gate heads",
+    "mvp": "gradient, value-gate heads",
+    "plbart": "gradient, value-gate heads",
+    "trocr": "gradient, value-gate heads",
+}
+# every swept type's spec; the zoo holds those neither unbuilt nor unchecked
+SWEPT = {t: ZooSpec(functools.partial(shrunk_config, t), *spec) for t, spec in swept_types(COVERED).items()}
+ZOO.update({t: spec for t, spec in SWEPT.items() if t not in UNBUILT and t not in UNCHECKED})
+
+
 def zoo_config(model_type: str, **overrides) -> PretrainedConfig:
-    return ZOO[model_type].config(**overrides)
+    return (ZOO.get(model_type) or SWEPT[model_type]).config(**overrides)
 
 
 def zoo_model(model_type: str, seed: int = 0, attn_implementation: str = "eager", **overrides):
     """A randomly initialised tiny model of the `ZOO` key `model_type` (with its task head), float32, in eval
     mode; `overrides` go to its config (the top-level config of composite models)."""
-    spec = ZOO[model_type]
+    spec = ZOO.get(model_type) or SWEPT[model_type]
     config = spec.config(**overrides)
     torch.manual_seed(seed)
     # Auto classes have from_config, model classes (CLIPModel, EncoderDecoderModel ...) _from_config
@@ -502,7 +694,7 @@ def zoo_inputs(model_type: str, batch: int = 2, length: int = 11, seed: int = 1)
     """Model inputs of the kind of `ZOO[model_type].inputs`: token ids are never special token ids (pad, bos,
     eos, decoder start, image token ...); decoder_input_ids start with decoder_start_token_id; llava's
     input_ids hold, after the first token, as many image tokens as the image has features."""
-    spec, config = ZOO[model_type], zoo_config(model_type)
+    spec, config = ZOO.get(model_type) or SWEPT[model_type], zoo_config(model_type)
     generator = torch.Generator().manual_seed(seed)
     kind = spec.inputs
     if kind == "text":

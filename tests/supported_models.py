@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from model_zoo import ZOO, zoo_model
+from model_zoo import SWEPT, UNBUILT, UNCHECKED, ZOO, zoo_model
 
 from hf_gate_attention import GateConfig, patch
 from hf_gate_attention.core.families import find_attention
@@ -30,6 +30,47 @@ REFUSED = {
         "it already carries an output gate",
         "its attention already carries an output gate (a query projection twice as wide)",
     ),
+    # swept types (model_zoo.SWEPT_MAPPINGS)
+    "convbert": (
+        "heads from the query projection",
+        "its attention blocks do not have the geometry of a known layout",
+    ),
+    "cpmant": ("found no attention block", "no attention block follows a known layout"),
+    "ctrl": ("found no attention block", "no attention block follows a known layout"),
+    "deberta": ("found no attention block", "no attention block follows a known layout"),
+    "deepseek_v4": ("found no attention block", "no attention block follows a known layout"),
+    "efficientnet": ("found no attention block", "no attention block follows a known layout"),
+    "falcon_mamba": ("found no attention block", "no attention block follows a known layout"),
+    "fnet": ("found no attention block", "no attention block follows a known layout"),
+    "focalnet": ("found no attention block", "no attention block follows a known layout"),
+    "funnel": ("found no attention block", "no attention block follows a known layout"),
+    "ibert": ("found no attention block", "no attention block follows a known layout"),
+    "inkling2_loop_text": ("found no attention block", "no attention block follows a known layout"),
+    "inkling2_text": ("found no attention block", "no attention block follows a known layout"),
+    "jetmoe": ("found no attention block", "no attention block follows a known layout"),
+    "lfm3": ("found no attention block", "no attention block follows a known layout"),
+    "mamba": ("found no attention block", "no attention block follows a known layout"),
+    "mimo_v2_flash": (
+        "key and value projections differ in width",
+        "its attention blocks do not have the geometry of a known layout",
+    ),
+    "minicpm5_moe": ("found no attention block", "no attention block follows a known layout"),
+    "mobilenet_v1": ("found no attention block", "no attention block follows a known layout"),
+    "mobilenet_v2": ("found no attention block", "no attention block follows a known layout"),
+    "modernbert-decoder": ("found no attention block", "no attention block follows a known layout"),
+    "olmo_hybrid": (
+        "key and value projections differ in width",
+        "its attention blocks do not have the geometry of a known layout",
+    ),
+    "perceiver": (
+        "key and value projections differ in width",
+        "its attention blocks do not have the geometry of a known layout",
+    ),
+    "prophetnet": ("found no attention block", "no attention block follows a known layout"),
+    "rwkv": ("found no attention block", "no attention block follows a known layout"),
+    "squeezebert": ("found no attention block", "no attention block follows a known layout"),
+    "swiftformer": ("found no attention block", "no attention block follows a known layout"),
+    "xlnet": ("found no attention block", "no attention block follows a known layout"),
 }
 # zoo key -> a part of the error for variants other than `output`, where the layout serves only that one
 OUTPUT_GATE_ONLY = {"deepseek_v3": "has no per-head key or value projection"}
@@ -66,6 +107,8 @@ def gate_everything(model, sparse: bool | None = None, backend: str = "auto", **
 def _layout(block) -> str:
     family = block.family
     fused = " (fused per key/value group)" if family.qkv_layout == "grouped" else ""
+    if family.qkv_chunks:
+        fused = f" (fused: {', '.join(family.qkv_order)} in each of `{family.qkv_chunks}` chunks)"
     return " / ".join(f"`{path}`" for path in family.paths) + fused
 
 
@@ -87,6 +130,13 @@ def rows() -> list[str]:
         status = "served" if key not in PARTLY_GATED else f"served; not gated: `{PARTLY_GATED[key]}` ..."
         status += "; variant `output` only" if key in OUTPUT_GATE_ONLY else ""
         lines.append(f"| {key} | {name} | {found} | {status} |")
+    for key, spec in SWEPT.items():
+        start = f"| {key} | {spec.auto_class.__name__} | - |"
+        if key in UNBUILT:
+            why = UNBUILT[key].replace("|", "/")
+            lines.append(f"{start} not tested: its shrunk default config does not build and run: {why} |")
+        elif key in UNCHECKED:
+            lines.append(f"{start} not served yet: patched, but fails {UNCHECKED[key]} |")
     return lines
 
 

@@ -44,6 +44,11 @@ class AttentionFamily:
             How a fused projection lays out its output. `"concatenated"`: `[q | k | v]` (Phi-3, GPT-2,
             ModernBERT). `"grouped"`: per key/value group, that group's query heads, then its key head, then
             its value head, each `head_dim` wide (GPT-NeoX: groups of one query head; Falcon).
+        qkv_order (`tuple[str]`, *optional*): the order of the roles' parts in a fused projection's output
+            (defaults to `QKV_ROLES`; CodeGen: query, value, key).
+        qkv_chunks (`str`, *optional*): for a `"concatenated"` fused projection split into model-parallel
+            chunks, each `[parts in qkv_order]` holding its share of every role's heads: the block attribute
+            with the number of chunks (CodeGen's `mp_num`); a block without it does not have this layout.
         block (`str`, *optional*):
             Regular expression matched against the end of module names that selects the blocks; its first
             group is the layer index. `None` (the built-in layouts): any module holding these projections.
@@ -61,6 +66,8 @@ class AttentionFamily:
     value: str | None
     output: str
     qkv_layout: str = "concatenated"
+    qkv_order: tuple[str, ...] = QKV_ROLES
+    qkv_chunks: str | None = None
     block: str | None = None
     variants: tuple[str, ...] | None = None
     limits: str = ""
@@ -82,6 +89,16 @@ class AttentionFamily:
                 f"AttentionFamily.qkv_layout={self.qkv_layout!r} is not valid; "
                 f"accepted: {', '.join(QKV_LAYOUTS)}"
             )
+        if sorted(self.qkv_order) != sorted(QKV_ROLES):
+            raise ValueError(
+                f"AttentionFamily.qkv_order={self.qkv_order!r} is not valid; accepted: an ordering of "
+                f"{', '.join(QKV_ROLES)}"
+            )
+        if self.qkv_chunks is not None and self.qkv_layout != "concatenated":
+            raise ValueError(
+                f"AttentionFamily.qkv_chunks={self.qkv_chunks!r} needs qkv_layout='concatenated' (a grouped "
+                "layout is chunked per key/value group already)"
+            )
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -96,8 +113,15 @@ class AttentionFamily:
         return self.query == self.key == self.value
 
     def roles_of(self, path: str) -> tuple[str, ...]:
-        """The roles (`QKV_ROLES` order) that the projection at `path` plays."""
-        return tuple(role for role in QKV_ROLES if getattr(self, role) == path)
+        """The roles that the projection at `path` plays, in the order of their parts (`qkv_order`)."""
+        return tuple(role for role in self.qkv_order if getattr(self, role) == path)
+
+    def chunks(self, block: nn.Module, num_kv_heads: int) -> int:
+        """How many chunks a fused projection's output of `block` is laid out in: one per key/value group
+        (`"grouped"`), the block's `qkv_chunks` attribute, or 1."""
+        if self.qkv_layout == "grouped":
+            return num_kv_heads
+        return getattr(block, self.qkv_chunks) if self.qkv_chunks else 1
 
     def match_block(self, module_name: str) -> int | None:
         """The layer index if `module_name` matches `block` (a registered family), else `None`."""
@@ -125,13 +149,24 @@ LAYOUTS: tuple[AttentionFamily, ...] = (
     _family("q_proj", "k_proj", "v_proj", "dense"),  # Phi, StableLM (older code)
     _family("self.query", "self.key", "self.value", "output.dense"),  # BERT, RoBERTa, ELECTRA, DeiT, Swin
     _family("self.query_proj", "self.key_proj", "self.value_proj", "output.dense"),  # DeBERTa-v2
+    _family("attention.query", "attention.key", "attention.value", "output.dense"),  # Data2Vec-vision, BEiT
     _family("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
     _family("q", "k", "v", "o"),  # T5, mT5, LongT5
     _family("qkv_proj", "qkv_proj", "qkv_proj", "o_proj"),  # Phi-3
+    # CodeGen: [q | v | k] in each of `mp_num` model-parallel chunks
+    _family(
+        "qkv_proj",
+        "qkv_proj",
+        "qkv_proj",
+        "out_proj",
+        qkv_order=("query", "value", "key"),
+        qkv_chunks="mp_num",
+    ),
     _family("Wqkv", "Wqkv", "Wqkv", "Wo"),  # ModernBERT
     _family("q_attn", "c_attn", "c_attn", "c_proj"),  # GPT-2 cross-attention (keys and values fused)
     _family("c_attn", "c_attn", "c_attn", "c_proj"),  # GPT-2 self-attention (Conv1D)
     _family("query_key_value", "query_key_value", "query_key_value", "dense", qkv_layout="grouped"),  # NeoX
+    _family("query", "key", "value", "dense"),  # ALBERT (projections on the block itself)
     # DeepSeek-V2/V3 latent attention: the output gate reads the block's input through the first query
     # projection; keys and values come out of a shared latent (no per-head projection to gate or read)
     *(
@@ -147,60 +182,149 @@ DECODER = _family("q_proj", "k_proj", "v_proj", "o_proj", block=r"layers\.(\d+)\
 # The model types the test matrix patches and checks (tests/core/test_model_matrix.py, which keeps this list
 # and the README's table true); any other whose blocks follow `LAYOUTS` is served too.
 TESTED_MODEL_TYPES: tuple[str, ...] = (
+    "afmoe",
+    "albert",
+    "apertus",
+    "apertus1p5_text",
+    "arcee",
+    "aria_text",
     "bart",
+    "beam",
+    "beit",
     "bert",
+    "bert-generation",
+    "big_bird",
+    "biogpt",
+    "bloom",
+    "camembert",
     "clip",
+    "codegen",
     "cohere",
-    "deepseek_v3",
+    "cohere2",
+    "cohere2_moe",
+    "cwm",
+    "data2vec-text",
+    "data2vec-vision",
     "deberta-v2",
+    "deepseek_v3",
     "deit",
     "dinov2",
+    "dinov2_with_registers",
     "distilbert",
+    "doge",
     "electra",
     "encoder-decoder",
+    "ergo",
+    "ernie",
+    "ernie4_5",
+    "ernie4_5_moe",
+    "eurobert",
+    "exaone",
     "exaone4",
+    "exaone_moe",
     "falcon",
+    "flaubert",
+    "flex_olmo",
     "gemma",
     "gemma2",
     "gemma3_text",
+    "gemma4_text",
+    "gemma4_unified_text",
+    "glm",
     "glm4",
+    "glm4_moe",
     "gpt2",
+    "gpt_bigcode",
     "gpt_neox",
+    "gpt_neox_japanese",
     "gptj",
     "granite",
     "granitemoe",
+    "granitemoeshared",
+    "gte",
+    "helium",
+    "hrm_text",
+    "hunyuan_v1_dense",
+    "hunyuan_v1_moe",
+    "hy_v3",
+    "hyperclovax",
+    "ijepa",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jina_embeddings_v3",
+    "kolibri1",
+    "laguna",
+    "lara_mini",
+    "layoutlm",
     "led",
+    "lfm2",
     "llama",
     "llama4_text",
     "llava",
     "longt5",
     "marian",
     "mbart",
+    "megatron-bert",
+    "mellum",
+    "minimax_m2",
+    "minimax_m3_vl_text",
+    "ministral",
+    "ministral3",
     "mistral",
     "mixtral",
+    "mobilebert",
+    "mobilevit",
     "modernbert",
+    "mpnet",
     "mt5",
+    "nanochat",
+    "nemotron",
+    "nemotron_h",
+    "nomic_bert",
+    "nystromformer",
     "olmo",
     "olmo2",
+    "olmo3",
     "olmoe",
+    "openai-gpt",
+    "opt",
+    "param2moe",
     "pegasus",
+    "persimmon",
     "phi",
     "phi3",
+    "phimoe",
     "qwen2",
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "rembert",
     "roberta",
+    "roberta-prelayernorm",
+    "roc_bert",
+    "roformer",
+    "sarvam_moe",
+    "seed_oss",
     "siglip",
     "smollm3",
+    "solar_open",
     "stablelm",
     "starcoder2",
     "swin",
     "t5",
+    "tapas",
+    "ultrabert",
+    "vaultgemma",
     "vision-encoder-decoder",
     "vit",
+    "vit_msn",
     "whisper",
+    "xglm",
+    "xlm",
     "xlm-roberta",
+    "xlm-roberta-xl",
+    "yoso",
 )
 
 # The exceptions: model types whose blocks a registered family describes instead of the structural search.
@@ -283,6 +407,8 @@ def _layout_of(module: nn.Module) -> AttentionFamily | None:
     for family in LAYOUTS:
         if family.marker is not None and _child(module, family.marker) is None:
             continue
+        if family.qkv_chunks is not None and not isinstance(getattr(module, family.qkv_chunks, None), int):
+            continue
         children = [_child(module, path) for path in family.paths]
         if all(child is not None and projection_features(child) for child in children):
             return family
@@ -354,6 +480,11 @@ def block_geometry(name: str, block: nn.Module, family: AttentionFamily, config)
     if num_kv_heads < 1 or num_kv_heads != int(num_kv_heads) or num_heads % int(num_kv_heads):
         problems.append(
             f"its key/value width {kv_width:g} is not a divisor of the query heads times {head_dim}"
+        )
+    elif family.fused_qkv and int(num_kv_heads) % family.chunks(block, int(num_kv_heads)):
+        problems.append(
+            f"its fused projection's {family.chunks(block, int(num_kv_heads))} chunks ({family.qkv_chunks}) "
+            f"do not divide its {int(num_kv_heads)} key/value heads"
         )
     if problems:
         raise ValueError(

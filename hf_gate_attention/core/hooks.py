@@ -26,6 +26,7 @@ from .families import (
     AttentionBlock,
     AttentionFamily,
     find_attention,
+    projection_features,
     registered_family,
     unrecognised_attention,
 )
@@ -86,6 +87,7 @@ class _BlockPatch:
         self.head_dim, self.num_kv_heads = geometry["head_dim"], geometry["num_kv_heads"]
         self.q_size = geometry["num_heads"] * geometry["head_dim"]
         self.kv_size = geometry["num_kv_heads"] * geometry["head_dim"]
+        self.chunks = family.chunks(block, geometry["num_kv_heads"])
         self.stash: dict[str, torch.Tensor] = {}
         self.query_stashes_logits = False  # set by `query_computes_logits`
         self.roles = self._roles()
@@ -234,25 +236,25 @@ class _BlockPatch:
         return self._join(parts, roles)
 
     def split(self, output: torch.Tensor, roles: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """The output of a projection playing `roles` (`QKV_ROLES` order), by role: `(..., width)` ->
-        `(..., q_size)` for the queries, `(..., kv_size)` for keys and values, as the family lays them out."""
+        """The output of a projection playing `roles` (`family.roles_of`), by role: `(..., width)` ->
+        `(..., q_size)` for the queries, `(..., kv_size)` for keys and values, as the family lays them out
+        (in `chunks` of `[parts in qkv_order]`, each holding its share of every role's heads)."""
         if len(roles) == 1:
             return {roles[0]: output}
-        if self.family.qkv_layout == "grouped":  # per group: its query heads, one key head, one value head
-            groups = output.unflatten(-1, (self.num_kv_heads, -1, self.head_dim))  # (..., KV, H/KV + 2, D)
-            split = groups.split([groups.shape[-2] - 2, 1, 1], dim=-2)
-            return {role: part.flatten(-3) for role, part in zip(QKV_ROLES, split, strict=True)}
-        sizes = [self.q_size if role == "query" else self.kv_size for role in roles]
-        return dict(zip(roles, output.split(sizes, -1), strict=True))
+        sizes = [(self.q_size if role == "query" else self.kv_size) // self.chunks for role in roles]
+        if self.chunks == 1:
+            return dict(zip(roles, output.split(sizes, -1), strict=True))
+        parts = output.unflatten(-1, (self.chunks, -1)).split(sizes, -1)  # (..., chunks, size) each
+        return {role: part.flatten(-2) for role, part in zip(roles, parts, strict=True)}
 
     def _join(self, parts: dict[str, torch.Tensor], roles: tuple[str, ...]) -> torch.Tensor:
         """The inverse of `split`."""
         if len(roles) == 1:
             return parts[roles[0]]
-        if self.family.qkv_layout == "grouped":
-            grouped = [parts[role].unflatten(-1, (self.num_kv_heads, -1, self.head_dim)) for role in roles]
-            return torch.cat(grouped, dim=-2).flatten(-3)  # (..., KV * (H/KV + 2) * D)
-        return torch.cat([parts[role] for role in roles], dim=-1)
+        if self.chunks == 1:
+            return torch.cat([parts[role] for role in roles], dim=-1)
+        chunked = [parts[role].unflatten(-1, (self.chunks, -1)) for role in roles]
+        return torch.cat(chunked, dim=-1).flatten(-2)
 
     def _take_inputs(self) -> dict[str, torch.Tensor]:
         """The stashed gate inputs of this forward (`GateVariant.inputs`); or the gate `logits`, when the
@@ -487,6 +489,13 @@ def gate_device(block: AttentionBlock) -> torch.device:
     return query.weight.device
 
 
+def _gate_input_width(block: AttentionBlock, config: GateConfig) -> int:
+    """The width of the input `x` the gate reads: that of the projection it reads it from (MobileBERT's value
+    projection reads another input than its query projection)."""
+    role = next((role for name, role in config.gate_variant.inputs if name == "x"), "query")
+    return projection_features(block.module.get_submodule(getattr(block.family, role)))[0]
+
+
 def add_gates(
     model: nn.Module,
     config: GateConfig,
@@ -509,7 +518,7 @@ def add_gates(
         block, family, geometry = found.module, found.family, found.geometry
         gate = AttentionGate(
             config,
-            **geometry,
+            **{**geometry, "hidden_size": _gate_input_width(found, config)},
             init_std=getattr(found.part_config, "initializer_range", 0.02),
             dtype=gate_dtype(found, base),
             device=gate_device(found),

@@ -72,3 +72,29 @@ def paired_bootstrap_delta(
     deltas = _bootstrap_means(a - b, n_bootstrap, seed)
     low, high = percentile_interval(deltas, confidence)
     return {"delta": float((a - b).mean()), "low": low, "high": high, "p_value": float((deltas <= 0).mean())}
+
+
+def _finite_pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    return a[keep], b[keep]
+
+
+def mean_ci(values, stats) -> dict | None:
+    """`{"mean", "low", "high", "n"}` of the finite `values` (`stats`: n_bootstrap, confidence, seed), or
+    `None` when none is finite."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    low, high = bootstrap_ci(values, *stats)
+    return {"mean": float(values.mean()), "low": low, "high": high, "n": int(values.size)}
+
+
+def paired_delta(a, b, stats) -> dict | None:
+    """`paired_bootstrap_delta` of `a` - `b` over the examples where both are finite, with their count `n`;
+    `None` without such an example."""
+    a, b = _finite_pairs(a, b)
+    if a.size == 0:
+        return None
+    return paired_bootstrap_delta(a, b, *stats) | {"n": int(a.size)}

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ...files import require_hub_id_or_existing_path
+from ..common.encoder_decoder import normalise_caption
 from ..common.image_files import (
     IMAGE_SUFFIXES,
     METADATA_FILES,
@@ -82,12 +83,6 @@ class CaptionData:
             ]
             for split, rows in self.splits.items()
         }
-
-
-def normalise_caption(text: str) -> str:
-    """Lower case, punctuation as words of their own, single spaces: one word per token of the recipe's
-    word-level tokenizer."""
-    return " ".join(re.sub(r"([.,!?;:\"()])", r" \1 ", text.lower()).split())
 
 
 # ------------------------------------------------------------------------------------------ shapes

@@ -6,6 +6,7 @@ cached in a safetensors file."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -20,6 +21,12 @@ logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 SCRATCH_DECODERS = ("scratch-gpt2", "scratch-bert")
+
+
+def normalise_caption(text: str) -> str:
+    """A text (caption, passage, question, answer) in lower case, punctuation as words of their own, single
+    spaces: one word per token of `build_word_tokenizer`'s tokenizer."""
+    return " ".join(re.sub(r"([.,!?;:\"()])", r" \1 ", text.lower()).split())
 
 
 def build_word_tokenizer(

@@ -98,3 +98,30 @@ def paired_delta(a, b, stats) -> dict | None:
     if a.size == 0:
         return None
     return paired_bootstrap_delta(a, b, *stats) | {"n": int(a.size)}
+
+
+def unpaired_delta(a, b, stats) -> dict | None:
+    """Mean of the finite `a` minus the finite `b`, each group resampled on its own (`stats`: n_bootstrap,
+    confidence, seed): `{"delta", "low", "high", "p_value", "n"}` (p: share of resamples <= 0); `None` when a
+    group is empty."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return None
+    n_bootstrap, confidence, seed = stats
+    rng = np.random.default_rng(seed)
+    deltas = np.array(
+        [
+            a[rng.integers(0, a.size, a.size)].mean() - b[rng.integers(0, b.size, b.size)].mean()
+            for _ in range(n_bootstrap)
+        ]
+    )
+    low, high = percentile_interval(deltas, confidence)
+    delta = float(a.mean() - b.mean())
+    return {
+        "delta": delta,
+        "low": low,
+        "high": high,
+        "p_value": float((deltas <= 0).mean()),
+        "n": int(a.size + b.size),
+    }

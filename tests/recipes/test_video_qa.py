@@ -114,7 +114,10 @@ def test_tiny_comparison_end_to_end_and_resume_after_an_interruption(encoder, tm
     assert diff["delta"] == pytest.approx(both["ratio"]["frames"]["mean"] - both["ratio"]["text"]["mean"])
     predictions = json.loads((out / "gated-cross-self" / "predictions.json").read_text())
     accuracy = np.mean(
-        [exact_match(p, r) for p, r in zip(predictions["predictions"], predictions["references"], strict=False)]
+        [
+            exact_match(p, r)
+            for p, r in zip(predictions["predictions"], predictions["references"], strict=True)
+        ]
     )
     assert both["accuracy"]["all"]["mean"] == pytest.approx(accuracy)
     assert 0 < rows["baseline"]["chance"]["all"]["mean"] < 1

@@ -15,7 +15,8 @@ def _report(run_dir) -> None:
     print((run_dir / "comparison.md").read_text(encoding="utf-8"))
     print(f"Results: {run_dir}/ (comparison.md, comparison.csv, comparison.json, <run>/metrics.json)")
     print(
-        f"Plots:   {run_dir}/accuracy.png, {run_dir}/gates_by_layer.png, {run_dir}/overlay_*.png, {run_dir}/speed.png"
+        f"Plots:   {run_dir}/accuracy.png, {run_dir}/gates_by_layer.png, {run_dir}/overlay_*.png, "
+        f"{run_dir}/speed.png"
     )
 
 

@@ -74,7 +74,7 @@ def load_data(config: VideoQAConfig) -> VideoQAData:
 
 
 def frame_features(config, encoder_path: str, processor, data: VideoQAData, fingerprint: dict) -> dict:
-    """`{split: (clips, frames, tokens, hidden) float16}`: every frame through the frozen encoder once, cached."""
+    """`{split: (clips, frames, tokens, hidden) float16}`: each frame encoded once, cached."""
     images = {split: [f for clip in clips for f in clip["frames"]] for split, clips in data.splits.items()}
     metadata = {split: fingerprint[split]["sha256"] for split in data.splits}
     metadata |= {"encoder": config.encoder, "image_size": str(config.image_size)}

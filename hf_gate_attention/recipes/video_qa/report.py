@@ -49,11 +49,12 @@ def markdown_report(config, rows: list[dict], data: dict) -> str:
         "# Video QA: does the gate weigh frames against text by question kind?",
         "",
         f"Data: `{data['source'].get('dataset')}` ({data['source'].get('kind')}), {sizes['train']} / "
-        f"{sizes['validation']} / {sizes['test']} train / validation / test clips of {config.clip_frames} frames "
-        f"at {config.image_size} px; test questions: "
+        f"{sizes['validation']} / {sizes['test']} train / validation / test clips of "
+        f"{config.clip_frames} frames at {config.image_size} px; test questions: "
         + ", ".join(f"{counts[k]} {k}" for k in KINDS)
         + f". Encoder `{config.encoder}` (frozen, features cached per frame); decoder `{config.decoder}`; "
-        f"{rows[0]['global_step']} steps x {config.per_device_train_batch_size} questions per run, seed {config.seed}.",
+        f"{rows[0]['global_step']} steps x {config.per_device_train_batch_size} questions per run, seed "
+        f"{config.seed}.",
         "",
         "## Verdict",
         "",
@@ -145,7 +146,7 @@ def markdown_report(config, rows: list[dict], data: dict) -> str:
     speed = rows[0]["speed"]
     caption = (
         f"## Speed\n\nGreedy answers from the cached frame features, batches of {speed['batch_size']}, "
-        f"{speed['examples']} test questions, interleaved rounds on `{speed['device']}`; peak MiB: the weights."
+        f"{speed['examples']} test questions, interleaved rounds on `{speed['device']}`; peak MiB: weights."
     )
     lines += [
         "",

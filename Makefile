@@ -11,7 +11,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo reproduce diagnose study classify-text classify-image caption distill test test-fast lint format install clean
+.PHONY: demo reproduce diagnose study classify-text classify-image caption video-qa distill test test-fast lint format install clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ classify-image: install
 # verdict; ~12 min on 2 CPU cores. Rerunning continues where it stopped.
 caption: install
 	$(PY) -m hf_gate_attention recipe captioning --config recipes/captioning/configs/preset.yaml --resume
+
+# Video QA: does the gate weigh frames against text by question kind? A frozen DINOv2-small encoder per frame
+# and a 3-layer GPT-2 decoder (passage and question by self-attention, frames by cross-attention), ungated and
+# gated, on generated clips (recipes/video_qa/README.md); meant for <= 20 min on 2 CPU cores.
+video-qa: install
+	$(PY) -m hf_gate_attention recipe video_qa --config recipes/video_qa/configs/preset.yaml --resume
 
 # Distillation of the reproduction's headwise-gated SmolLM2 (the teacher) into a 15-layer student: trained
 # alone, with logit KD, with logit KD + gate matching (recipes/distillation/README.md), then

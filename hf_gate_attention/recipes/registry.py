@@ -96,6 +96,13 @@ RECIPES = {
             "captioning.cli:main",
         ),
         Recipe(
+            "video_qa",
+            "train and compare video question answerers (frozen ViT per frame, decoder reading passage and "
+            "question by self-attention, frames by cross-attention), ungated and gated: accuracy, fusion "
+            "ratio and attention by question kind",
+            "video_qa.cli:main",
+        ),
+        Recipe(
             "distillation",
             "distill a gated summarization model into a smaller student (logit KD, gate matching)",
             "distillation.cli:main",

@@ -13,62 +13,11 @@ import math
 import numpy as np
 import torch
 
-from ...core.families import find_attention
-from ...core.hooks import GATE_MODULE_NAME
-from .metrics import (
-    WORD_CLASSES,
-    mean_or_nan,
-    object_keys,
-    object_share,
-    patch_coverage,
-    sink_share,
-    word_class,
-)
+from ..common.attention_maps import GateRecorder, mean_or_nan, object_keys, object_share, patch_coverage
+from .metrics import WORD_CLASSES, sink_share, word_class
 from .model import encode_caption, start_and_end
 
 END = "</end>"  # the word of the step that emits the end token
-
-
-def cross_blocks(model) -> list:
-    """The decoder's cross-attention blocks (`AttentionBlock`s), in layer order."""
-    blocks = [b for b in find_attention(model) if b.kind == "cross" and b.name.startswith("decoder.")]
-    return sorted(blocks, key=lambda b: b.index)
-
-
-class GateRecorder:
-    """Forward hooks on the gate modules of the decoder's cross-attention blocks: `take()` returns the gate
-    values of the last forward, `(batch, layers, steps, heads)` (elementwise gates averaged over each head's
-    channels), or `None` for an ungated model."""
-
-    def __init__(self, model):
-        self.gates = [getattr(block.module, GATE_MODULE_NAME, None) for block in cross_blocks(model)]
-        self.values: dict[int, torch.Tensor] = {}
-        self.handles = [
-            gate.register_forward_hook(self._hook(layer))
-            for layer, gate in enumerate(self.gates)
-            if gate is not None
-        ]
-
-    def _hook(self, layer: int):
-        def hook(module, args, output):
-            self.values[layer] = output.detach().float().mean(-1)  # (batch, steps, heads)
-
-        return hook
-
-    def take(self) -> torch.Tensor | None:
-        if not self.handles:
-            return None
-        if len(self.values) != len(self.gates):
-            raise RuntimeError(
-                f"gates of {len(self.values)} of {len(self.gates)} cross-attention layers recorded"
-            )
-        values = torch.stack([self.values[layer] for layer in range(len(self.gates))], dim=1)
-        self.values.clear()
-        return values
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 def object_key_sets(rows: list[dict], image_size: int, grid: int, prefix: int, threshold: float) -> list:
@@ -116,7 +65,7 @@ def measure_attention(
     """
     device = next(model.parameters()).device
     start = start_and_end(tokenizer)[0]
-    recorder = GateRecorder(model)
+    recorder = GateRecorder(model, "cross")
     captions, maps = [], []
     try:
         for first in range(0, len(rows), batch_size):

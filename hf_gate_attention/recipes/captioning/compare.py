@@ -30,11 +30,12 @@ from ...files import atomic_write_json, atomic_write_text, read_json
 from ...memory import peak_growth_mib
 from ..common.config import split_limits
 from ..common.distributed import distributed_state, leave_after_training
+from ..common.encoder_decoder import encoder_outputs, load_image_processor, patch_grid
 from ..common.inference import interleaved_rounds
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
 from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
 from ..common.speed import speed_ratios as median_ratios
-from ..common.statistics import bootstrap_ci, paired_bootstrap_delta
+from ..common.statistics import mean_ci, paired_delta
 from ..common.training import TRAIN_SUMMARY_FILE, is_trained, train_model
 from .attention import measure_attention, object_key_sets
 from .config import CaptioningConfig
@@ -55,12 +56,9 @@ from .model import (
     cached_features,
     caption_rows,
     check_captioner,
-    encoder_outputs,
-    load_image_processor,
     load_tokenizer,
     load_trained_captioner,
     model_paths,
-    patch_grid,
 )
 from .plots import plot_attention, plot_overlays
 from .report import csv_table, markdown_report
@@ -236,28 +234,6 @@ def measure_speed(config, tokenizer, features: torch.Tensor) -> dict[str, dict]:
 # ------------------------------------------------------------------------------------ statistics
 
 
-def _finite_pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    keep = np.isfinite(a) & np.isfinite(b)
-    return a[keep], b[keep]
-
-
-def _mean_ci(values, stats) -> dict | None:
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return None
-    low, high = bootstrap_ci(values, *stats)
-    return {"mean": float(values.mean()), "low": low, "high": high, "n": int(values.size)}
-
-
-def _delta(a, b, stats) -> dict | None:
-    a, b = _finite_pairs(a, b)
-    if a.size == 0:
-        return None
-    return paired_bootstrap_delta(a, b, *stats) | {"n": int(a.size)}
-
-
 def attention_arrays(measured: dict) -> dict[str, np.ndarray]:
     """Per-caption arrays of a run's measurement: the `ATTENTION_METRICS`, `share_chance`, and
     `gate_<class>` for gated runs."""
@@ -290,9 +266,9 @@ def comparison_rows(config, data, trainings, predictions, measured, speed) -> li
             "trainable_params": trainings[name]["parameters"]["trainable"],
             "global_step": trainings[name]["global_step"],
             "test_examples": len(references),
-            "quality": {m: _mean_ci(v, stats) for m, v in scores[name].items()},
-            "attention": {m: _mean_ci(own[m], stats) for m in ATTENTION_METRICS},
-            "share_chance": _mean_ci(own["share_chance"], stats),
+            "quality": {m: mean_ci(v, stats) for m, v in scores[name].items()},
+            "attention": {m: mean_ci(own[m], stats) for m in ATTENTION_METRICS},
+            "share_chance": mean_ci(own["share_chance"], stats),
             "share_layers": np.nanmean(
                 np.array([c["share_layers"] for c in measured[name]["captions"]], dtype=float), axis=0
             ).tolist()
@@ -303,12 +279,14 @@ def comparison_rows(config, data, trainings, predictions, measured, speed) -> li
             "speed": speed[name],
         }
         if run.gate is not None:
-            row["gates"] = {cls: _mean_ci(own[f"gate_{cls}"], stats) for cls in WORD_CLASSES}
-            row["gate_contrast"] = _delta(own["gate_visual"], own["gate_function"], stats)
+            row["gates"] = {cls: mean_ci(own[f"gate_{cls}"], stats) for cls in WORD_CLASSES}
+            row["gate_contrast"] = paired_delta(own["gate_visual"], own["gate_function"], stats)
         if baseline is not None and run is not baseline:
             base = arrays[baseline.name]
-            row["deltas"] = {m: _delta(v, scores[baseline.name][m], stats) for m, v in scores[name].items()}
-            row["deltas"] |= {m: _delta(own[m], base[m], stats) for m in ATTENTION_METRICS}
+            row["deltas"] = {
+                m: paired_delta(v, scores[baseline.name][m], stats) for m, v in scores[name].items()
+            }
+            row["deltas"] |= {m: paired_delta(own[m], base[m], stats) for m in ATTENTION_METRICS}
             row["speed_ratios"] = median_ratios(speed[name], speed[baseline.name], SPEED_COLUMNS)
             if run.gate is not None:
                 row["verdict"] = verdict(row["deltas"]["share_weighted"], row["gate_contrast"])

@@ -5,21 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...core.config import GateConfig
-from ..common.config import RecipeConfigBase, RunSpec, TrainingKeys, check_shared_keys
+from ..common.config import (
+    RecipeConfigBase,
+    RunSpec,
+    TrainingKeys,
+    baseline_and_gated_decoders,
+    check_shared_keys,
+)
 
 DECODERS = ("scratch-gpt2", "scratch-bert")
-
-
-def baseline_and_gated_decoders() -> list[RunSpec]:
-    """The default comparison: no gate; gated cross-attention; gated cross- and self-attention (headwise
-    output gates of the decoder only, the paper's normal init: the decoder trains from scratch)."""
-    gate = {"variant": "output", "granularity": "headwise", "init": "paper", "parts": ["decoder"]}
-    return [
-        RunSpec("baseline"),
-        RunSpec("gated-cross", GateConfig.from_dict({**gate, "attention": ["cross"]})),
-        RunSpec("gated-cross-self", GateConfig.from_dict({**gate, "attention": ["cross", "decoder"]})),
-    ]
 
 
 @dataclass

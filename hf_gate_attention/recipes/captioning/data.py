@@ -22,8 +22,6 @@ A source without a test (validation) split gets one from its training rows by th
 
 from __future__ import annotations
 
-import csv
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,25 +29,22 @@ from pathlib import Path
 import numpy as np
 
 from ...files import require_hub_id_or_existing_path
-from ..common.archives import split_of
+from ..common.encoder_decoder import normalise_caption
+from ..common.image_files import (
+    IMAGE_SUFFIXES,
+    METADATA_FILES,
+    SPLIT_NAMES,
+    SPLITS,
+    decoded_image,
+    metadata_file,
+    read_metadata,
+    with_all_splits,
+)
+from ..common.shapes import COLOURS, SHAPES, place_shape, shape_mask
 
-SPLITS = ("train", "validation", "test")
-SPLIT_NAMES = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
 SPLIT_SEEDS = {"train": 0, "validation": 1, "test": 2}
-# colour name -> RGB; the caption names the object whose colour comes first here first
-COLOURS = {
-    "red": (215, 40, 40),
-    "green": (40, 160, 60),
-    "blue": (40, 80, 220),
-    "yellow": (235, 205, 30),
-    "purple": (140, 60, 180),
-    "orange": (240, 130, 20),
-}
-SHAPES = ("circle", "square", "triangle")
 RELATIONS = ("left of", "right of", "above", "below")
 SHAPES_DEFAULT_SIZES = {"train": 2000, "validation": 200, "test": 300}
-METADATA_FILES = ("metadata.jsonl", "metadata.csv")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 CAPTION_COLUMNS = ("text", "caption", "captions")
 IMAGE_COLUMNS = ("image", "img")
 OFFLINE_DATASETS = ("shapes",)
@@ -90,32 +85,7 @@ class CaptionData:
         }
 
 
-def normalise_caption(text: str) -> str:
-    """Lower case, punctuation as words of their own, single spaces: one word per token of the recipe's
-    word-level tokenizer."""
-    return " ".join(re.sub(r"([.,!?;:\"()])", r" \1 ", text.lower()).split())
-
-
 # ------------------------------------------------------------------------------------------ shapes
-
-
-def _shape_mask(shape: str, centre: tuple[float, float], half: float, size: int) -> np.ndarray:
-    """Boolean `(size, size)` mask of one shape of half-extent `half` (pixels) at `centre` (x, y)."""
-    from PIL import Image, ImageDraw
-
-    canvas = Image.new("L", (size, size), 0)
-    draw = ImageDraw.Draw(canvas)
-    x, y = centre
-    box = (x - half, y - half, x + half, y + half)
-    if shape == "circle":
-        draw.ellipse(box, fill=255)
-    elif shape == "square":
-        draw.rectangle(box, fill=255)
-    elif shape == "triangle":
-        draw.polygon([(x, y - half), (x - half, y + half), (x + half, y + half)], fill=255)
-    else:
-        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    return np.asarray(canvas) > 127
 
 
 def _relation(first: tuple[float, float], second: tuple[float, float]) -> str:
@@ -124,18 +94,6 @@ def _relation(first: tuple[float, float], second: tuple[float, float]) -> str:
     if abs(dx) >= abs(dy):
         return "left of" if dx < 0 else "right of"
     return "above" if dy < 0 else "below"
-
-
-def _place(rng, size: int, half: float, boxes: list, margin: float) -> tuple[float, float] | None:
-    """A centre for a shape of half-extent `half` whose box keeps `margin` pixels from every box in `boxes`
-    (`(x, y, half)`), or `None` after 200 tries."""
-    for _ in range(200):
-        x, y = rng.uniform(half + 1, size - half - 1, 2)
-        if all(
-            abs(x - bx) >= half + bh + margin or abs(y - by) >= half + bh + margin for bx, by, bh in boxes
-        ):
-            return float(x), float(y)
-    return None
 
 
 def shapes_example(seed: int, split: str, index: int, size: int = 112, max_distractors: int = 2) -> dict:
@@ -149,7 +107,7 @@ def shapes_example(seed: int, split: str, index: int, size: int = 112, max_distr
         halves = rng.uniform(0.10, 0.14, 2) * size
         boxes: list = []
         for half in halves:
-            centre = _place(rng, size, half, boxes, margin=3)
+            centre = place_shape(rng, size, half, boxes, margin=3)
             if centre is None:
                 break
             boxes.append((*centre, half))
@@ -161,13 +119,13 @@ def shapes_example(seed: int, split: str, index: int, size: int = 112, max_distr
     pixels = np.clip(background + rng.integers(-6, 7, (size, size, 3)), 0, 255).astype(np.int16)
     for _ in range(rng.integers(0, max_distractors + 1)):  # grey shapes no caption names
         half = rng.uniform(0.07, 0.11) * size
-        centre = _place(rng, size, half, boxes, margin=2)
+        centre = place_shape(rng, size, half, boxes, margin=2)
         if centre is not None:
             boxes.append((*centre, half))
-            pixels[_shape_mask(str(rng.choice(SHAPES)), centre, half, size)] = rng.integers(95, 165)
+            pixels[shape_mask(str(rng.choice(SHAPES)), centre, half, size)] = rng.integers(95, 165)
     objects = []
     for name, shape, (x, y, half) in zip(names, shapes, boxes[:2], strict=True):
-        mask = _shape_mask(str(shape), (x, y), half, size)
+        mask = shape_mask(str(shape), (x, y), half, size)
         pixels[mask] = np.clip(np.asarray(COLOURS[name]) + rng.integers(-15, 16, 3), 0, 255)
         objects.append({"colour": str(name), "shape": str(shape), "centre": (x, y), "mask": mask})
     order = sorted(range(2), key=lambda i: list(COLOURS).index(objects[i]["colour"]))
@@ -223,31 +181,9 @@ def parse_shapes_caption(caption: str) -> dict | None:
 # ------------------------------------------------------------------------ image folders and the Hub
 
 
-def _metadata_file(folder: Path) -> Path | None:
-    return next((folder / name for name in METADATA_FILES if (folder / name).is_file()), None)
-
-
-def _read_metadata(path: Path) -> list[dict]:
-    if path.suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-        for row in rows:  # a CSV holds `objects` as JSON text
-            if isinstance(row.get("objects"), str) and row["objects"].strip():
-                row["objects"] = json.loads(row["objects"])
-        return rows
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {number}: not valid JSON ({err})") from None
-    return rows
-
-
 def _folder_rows(folder: Path, caption_column: str | None) -> list[dict]:
     """Rows `{"id", "image" (path), "caption", "objects" (raw)}` of one folder with a metadata file."""
-    metadata = _metadata_file(folder)
+    metadata = metadata_file(folder)
     if metadata is None:
         images = [p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
         what = f"holds {len(images)} image(s) but" if images else "has"
@@ -255,7 +191,7 @@ def _folder_rows(folder: Path, caption_column: str | None) -> list[dict]:
             f"image folder {folder} {what} no {' or '.join(METADATA_FILES)} with the captions (transformers' "
             "imagefolder convention: one row per image, a `file_name` column and a caption column)"
         )
-    rows = _read_metadata(metadata)
+    rows = read_metadata(metadata)
     if not rows:
         raise ValueError(f"{metadata} holds no row")
     columns = list(rows[0])
@@ -285,7 +221,7 @@ def _image_folder(root: Path, caption_column: str | None) -> dict[str, list[dict
         split: root / name
         for split in SPLITS
         for name in SPLIT_NAMES[split]
-        if (root / name).is_dir() and _metadata_file(root / name)
+        if (root / name).is_dir() and metadata_file(root / name)
     }
     if subfolders and "train" not in subfolders:
         raise ValueError(f"image folder {root} has split folders {sorted(subfolders)} but no train/")
@@ -339,39 +275,6 @@ def _hub_rows(dataset: str, image_column, caption_column, limits) -> dict[str, l
     if "train" not in rows:
         raise ValueError(f"dataset {dataset!r} has no train split; it has: {', '.join(loaded)}")
     return rows
-
-
-def _with_all_splits(raw: dict[str, list[dict]], name: str) -> dict[str, list[dict]]:
-    """Carve missing validation/test splits out of `train` by the fixed rule on `<name>/<row>`."""
-    missing = [split for split in ("validation", "test") if split not in raw]
-    if not missing:
-        return raw
-    kept = {"train": [], **{s: raw[s] for s in raw if s != "train"}, **{s: [] for s in missing}}
-    for index, row in enumerate(raw["train"]):
-        rule = split_of(f"{name}/{index}")
-        target = (
-            rule if rule in missing else "validation" if rule != "train" and "validation" in missing else None
-        )
-        kept[target or "train"].append(row)
-    return kept
-
-
-def _decoded_image(image, where: str):
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        if isinstance(image, str | Path):
-            with Image.open(image) as opened:
-                return opened.convert("RGB")
-        if isinstance(image, dict) and image.get("bytes") is not None:
-            import io
-
-            return Image.open(io.BytesIO(image["bytes"])).convert("RGB")
-        if isinstance(image, Image.Image):
-            return image.convert("RGB")
-        return Image.fromarray(np.asarray(image)).convert("RGB")
-    except (UnidentifiedImageError, OSError, TypeError, ValueError) as err:
-        raise ValueError(f"{where}: the image does not decode ({err})") from err
 
 
 def _objects(raw, caption: str, size: tuple[int, int], where: str) -> list[dict] | None:
@@ -450,13 +353,13 @@ def load_caption_dataset(
                     "kind": "Hub dataset",
                 },
             )
-        raw = _with_all_splits(raw, path.name)
+        raw = with_all_splits(raw, path.name)
         splits = {}
         for split in SPLITS:
             rows = []
             for row in raw[split][: limits.get(split)]:
                 where = f"dataset {dataset!r}, {split} split, {row['id']}"
-                image = _decoded_image(row["image"], where)
+                image = decoded_image(row["image"], where)
                 caption = normalise_caption(row["caption"])
                 objects = _objects(row["objects"], caption, image.size, where)
                 rows.append({"id": row["id"], "image": image, "caption": caption, "objects": objects})

@@ -106,56 +106,12 @@ def caption_scores(predictions: Sequence[str], references: Sequence[str]) -> dic
 # ------------------------------------------------------------------------------------ attention maps
 
 
-def patch_coverage(mask: np.ndarray, image_size: int, grid: int) -> np.ndarray:
-    """Share of each patch's pixels covered by `mask` (`(H, W)` bool, any size; resized to `image_size`
-    square like the image): `(grid * grid,)` in row-major patch order."""
-    from PIL import Image
-
-    resized = Image.fromarray(mask.astype(np.uint8) * 255).resize((image_size, image_size), Image.NEAREST)
-    pixels = np.asarray(resized) > 127
-    size = image_size // grid
-    pixels = pixels[: grid * size, : grid * size].reshape(grid, size, grid, size)
-    return pixels.mean(axis=(1, 3)).reshape(-1)
-
-
-def object_keys(coverage: np.ndarray, threshold: float, prefix: int) -> torch.Tensor:
-    """Boolean `(prefix + patches,)`: the keys of an object's patches, those at least `threshold` covered
-    (its most covered patch when none is); the `prefix` tokens (CLS, registers) never."""
-    keys = torch.as_tensor(coverage >= threshold)
-    if not keys.any():
-        keys[int(np.argmax(coverage))] = True
-    return torch.cat([torch.zeros(prefix, dtype=torch.bool), keys])
-
-
-def object_share(
-    weights: torch.Tensor, keys: torch.Tensor, gates: torch.Tensor | None = None
-) -> tuple[float, float]:
-    """`(gate-weighted share, plain share)` of one step's attention on an object.
-
-    Args:
-        weights: `(layers, heads, keys)` post-softmax cross-attention weights of the step.
-        keys: `(keys,)` bool, the object's keys (`object_keys`).
-        gates: `(layers, heads)` gate values of the step, or `None` (ungated: the weighted share is the
-            plain one).
-    """
-    share = weights[..., keys].sum(-1).double()  # (layers, heads)
-    plain = share.mean().item()
-    if gates is None:
-        return plain, plain
-    gates = gates.double()
-    return ((gates * share).sum(-1) / gates.sum(-1).clamp_min(1e-12)).mean().item(), plain
-
-
 def sink_share(weights: torch.Tensor, outside: torch.Tensor) -> float:
     """Per head, the weight on the most-attended key outside every object (`outside`: `(keys,)` bool),
     averaged over heads and layers (`weights: (layers, heads, keys)`); 0 without such a key."""
     if not outside.any():
         return 0.0
     return weights[..., outside].max(-1).values.double().mean().item()
-
-
-def mean_or_nan(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else float("nan")
 
 
 # ------------------------------------------------------------------------------------ the verdict

@@ -10,41 +10,32 @@ from __future__ import annotations
 
 import logging
 import warnings
-from pathlib import Path
 
 import torch
-import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, VisionEncoderDecoderModel, set_seed
-from transformers.modeling_outputs import BaseModelOutput
 
-from ...core.families import find_attention
 from ...core.hooks import attention_layout
 from ...offline import resolve_model
 from ...sharing.loading import checkpoint_config, load_processor
 from ...sharing.loading import from_pretrained as load_gated
 from ..common.config import RunSpec
 from ..common.distributed import patch_on_device
+from ..common.encoder_decoder import (
+    assemble_model,
+    build_word_tokenizer,
+    require_cross_attention,
+    scratch_decoder_config,
+    start_and_end,
+)
+from ..common.encoder_decoder import cached_features as shared_cached_features
 from .config import DECODERS, CaptioningConfig
 
 logger = logging.getLogger(__name__)
 
-SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 FEATURES_FILE = "encoder_features.safetensors"
 
 
 # ------------------------------------------------------------------------------------ tokenizer
-
-
-def build_word_tokenizer(captions: list[str]) -> transformers.PreTrainedTokenizerFast:
-    """A word-level tokenizer of the words of `captions` (split on whitespace: one token per word), with
-    `<pad>`, `<s>` (the decoder's start), `</s>` and `<unk>`."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = sorted({word for caption in captions for word in caption.split()})
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS.values(), *words])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **SPECIAL_TOKENS)
 
 
 def load_tokenizer(config: CaptioningConfig, decoder_path: str | None, train_captions: list[str]):
@@ -63,17 +54,6 @@ def load_tokenizer(config: CaptioningConfig, decoder_path: str | None, train_cap
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.sep_token
     return tokenizer
-
-
-def start_and_end(tokenizer) -> tuple[int, int]:
-    """`(decoder start id, end id)`: BOS (or CLS) and EOS (or SEP)."""
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
-    end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
-    if start is None or end is None:
-        raise ValueError(
-            "the decoder's tokenizer has no BOS/CLS or no EOS/SEP token to start and end captions"
-        )
-    return start, end
 
 
 def encode_caption(tokenizer, caption: str, max_tokens: int) -> tuple[list[int], list[int | None]]:
@@ -105,42 +85,7 @@ def decoder_config(config: CaptioningConfig, decoder_path: str | None, tokenizer
     cross = {"is_decoder": True, "add_cross_attention": True}
     if decoder_path is not None:
         return AutoConfig.from_pretrained(decoder_path, **cross)
-    positions = config.max_caption_tokens + 2
-    dropout = config.decoder_dropout
-    if config.decoder == "scratch-gpt2":
-        return transformers.GPT2Config(
-            vocab_size=len(tokenizer),
-            n_positions=positions,
-            n_embd=config.decoder_hidden_size,
-            n_layer=config.decoder_layers,
-            n_head=config.decoder_heads,
-            resid_pdrop=dropout,
-            embd_pdrop=dropout,
-            attn_pdrop=dropout,
-            **tokens,
-            **cross,
-        )
-    return transformers.BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=config.decoder_hidden_size,
-        num_hidden_layers=config.decoder_layers,
-        num_attention_heads=config.decoder_heads,
-        intermediate_size=4 * config.decoder_hidden_size,
-        max_position_embeddings=positions,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-        **tokens,
-        **cross,
-    )
-
-
-def _assemble(encoder, decoder, tokenizer) -> VisionEncoderDecoderModel:
-    model = VisionEncoderDecoderModel(encoder=encoder, decoder=decoder)
-    start, end = start_and_end(tokenizer)
-    for target in (model.config, model.generation_config):
-        target.decoder_start_token_id, target.eos_token_id = start, end
-        target.pad_token_id, target.bos_token_id = tokenizer.pad_token_id, start
-    return model
+    return scratch_decoder_config(config, len(tokenizer), config.max_caption_tokens + 2, tokens, cross)
 
 
 def check_captioner(config: CaptioningConfig, encoder_path: str, decoder_path: str | None, tokenizer) -> None:
@@ -163,14 +108,8 @@ def check_captioner(config: CaptioningConfig, encoder_path: str, decoder_path: s
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         decoder = AutoModelForCausalLM.from_config(decoder_cfg)
-        model = _assemble(AutoModel.from_config(encoder_config), decoder, tokenizer)
-        kinds = {block.kind for block in find_attention(model) if block.name.startswith("decoder.")}
-        if "cross" not in kinds:
-            raise ValueError(
-                f"decoder {config.decoder!r} ({decoder_cfg.model_type}) has no cross-attention: it cannot "
-                "read the image. Use scratch-gpt2, scratch-bert, or a pretrained decoder whose config takes "
-                "add_cross_attention=True (GPT-2, BERT, RoBERTa, ...)"
-            )
+        model = assemble_model(AutoModel.from_config(encoder_config), decoder, tokenizer)
+        require_cross_attention(model, config.decoder, decoder_cfg.model_type, "the image")
         for run in config.runs:
             if run.gate is None:
                 continue
@@ -196,7 +135,7 @@ def build_captioner(
     else:
         decoder = AutoModelForCausalLM.from_pretrained(decoder_path, config=decoder_cfg, dtype=torch.float32)
     set_seed(config.seed)
-    model = _assemble(encoder, decoder, tokenizer)
+    model = assemble_model(encoder, decoder, tokenizer)
     model.set_attn_implementation(config.attn_implementation)
     model.encoder.requires_grad_(False)
     if run.gate is not None:
@@ -221,65 +160,6 @@ def load_trained_captioner(config: CaptioningConfig, run: RunSpec, attn_implemen
 
 
 # ------------------------------------------------------------------------------------ images and features
-
-
-def load_image_processor(encoder_path: str, image_size: int):
-    """The encoder's image processor, resizing to `image_size` x `image_size` (no crop)."""
-    processor = load_processor(encoder_path, transformers.AutoImageProcessor)
-    processor.size = {"height": image_size, "width": image_size}
-    processor.do_center_crop = False
-    return processor
-
-
-@torch.inference_mode()
-def compute_features(encoder, processor, images: list, batch_size: int, desc: str = "") -> torch.Tensor:
-    """The encoder's last hidden states of `images`: `(n, tokens, hidden)` in float16 (what is cached)."""
-    from tqdm.auto import tqdm
-
-    device = next(encoder.parameters()).device
-    out = []
-    for start in tqdm(
-        range(0, len(images), batch_size), desc=f"Encoder features {desc}".strip(), unit="batch"
-    ):
-        pixels = processor(images=images[start : start + batch_size], return_tensors="pt")["pixel_values"]
-        out.append(encoder(pixel_values=pixels.to(device)).last_hidden_state.half().cpu())
-    return torch.cat(out)
-
-
-def cached_features(config: CaptioningConfig, encoder_path: str, processor, data, fingerprint: dict) -> dict:
-    """`{split: (n, tokens, hidden) float16}` of every split, read from
-    `<run_dir>/encoder_features.safetensors` when it holds these splits' fingerprints, else computed by the
-    frozen encoder and saved there."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    path = config.run_dir / FEATURES_FILE
-    metadata = {split: fingerprint[split]["sha256"] for split in data.splits}
-    metadata |= {"encoder": config.encoder, "image_size": str(config.image_size)}
-    if path.is_file():
-        try:
-            with safe_open(str(path), "pt") as f:
-                if f.metadata() == metadata:
-                    return {split: f.get_tensor(split) for split in data.splits}
-        except Exception as err:  # a truncated file: computed again
-            logger.warning("%s unreadable (%s); computing the features again", path, err)
-    encoder = AutoModel.from_pretrained(encoder_path, dtype=torch.float32).eval()
-    encoder.set_attn_implementation("sdpa")
-    features = {
-        split: compute_features(
-            encoder, processor, [row["image"] for row in rows], config.feature_batch_size, split
-        )
-        for split, rows in data.splits.items()
-    }
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in features.items()}, str(tmp), metadata=metadata)
-    Path(tmp).replace(path)
-    return features
-
-
-def patch_grid(encoder_path: str, image_size: int) -> int:
-    """Patches per side of the encoder's grid at `image_size`."""
-    return image_size // checkpoint_config(encoder_path).patch_size
 
 
 # ------------------------------------------------------------------------------------ training batches
@@ -310,5 +190,11 @@ class CaptionCollator:
         return {"encoder_outputs": (features,), "labels": labels}
 
 
-def encoder_outputs(features: torch.Tensor, device) -> BaseModelOutput:
-    return BaseModelOutput(last_hidden_state=features.to(device=device, dtype=torch.float32))
+def cached_features(config: CaptioningConfig, encoder_path: str, processor, data, fingerprint: dict) -> dict:
+    """`{split: (n, tokens, hidden) float16}` of every split (`common.encoder_decoder.cached_features`)."""
+    images = {split: [row["image"] for row in rows] for split, rows in data.splits.items()}
+    metadata = {split: fingerprint[split]["sha256"] for split in data.splits}
+    metadata |= {"encoder": config.encoder, "image_size": str(config.image_size)}
+    return shared_cached_features(
+        config.run_dir / FEATURES_FILE, encoder_path, processor, images, metadata, config.feature_batch_size
+    )

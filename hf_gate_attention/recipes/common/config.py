@@ -101,6 +101,18 @@ def baseline_and_headwise() -> list[RunSpec]:
     return [RunSpec("baseline"), RunSpec("output-headwise", GateConfig("output", "headwise"))]
 
 
+def baseline_and_gated_decoders() -> list[RunSpec]:
+    """The default comparison of the recipes with a decoder trained from scratch (captioning, video QA): no
+    gate; gated cross-attention; gated cross- and self-attention (headwise output gates of the decoder only,
+    the paper's normal init)."""
+    gate = {"variant": "output", "granularity": "headwise", "init": "paper", "parts": ["decoder"]}
+    return [
+        RunSpec("baseline"),
+        RunSpec("gated-cross", GateConfig.from_dict({**gate, "attention": ["cross"]})),
+        RunSpec("gated-cross-self", GateConfig.from_dict({**gate, "attention": ["cross", "decoder"]})),
+    ]
+
+
 @dataclass
 class RecipeConfigBase:
     """The keys every recipe's config has, and what goes with them: the results folder

@@ -72,3 +72,56 @@ def paired_bootstrap_delta(
     deltas = _bootstrap_means(a - b, n_bootstrap, seed)
     low, high = percentile_interval(deltas, confidence)
     return {"delta": float((a - b).mean()), "low": low, "high": high, "p_value": float((deltas <= 0).mean())}
+
+
+def _finite_pairs(a, b) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    return a[keep], b[keep]
+
+
+def mean_ci(values, stats) -> dict | None:
+    """`{"mean", "low", "high", "n"}` of the finite `values` (`stats`: n_bootstrap, confidence, seed), or
+    `None` when none is finite."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return None
+    low, high = bootstrap_ci(values, *stats)
+    return {"mean": float(values.mean()), "low": low, "high": high, "n": int(values.size)}
+
+
+def paired_delta(a, b, stats) -> dict | None:
+    """`paired_bootstrap_delta` of `a` - `b` over the examples where both are finite, with their count `n`;
+    `None` without such an example."""
+    a, b = _finite_pairs(a, b)
+    if a.size == 0:
+        return None
+    return paired_bootstrap_delta(a, b, *stats) | {"n": int(a.size)}
+
+
+def unpaired_delta(a, b, stats) -> dict | None:
+    """Mean of the finite `a` minus the finite `b`, each group resampled on its own (`stats`: n_bootstrap,
+    confidence, seed): `{"delta", "low", "high", "p_value", "n"}` (p: share of resamples <= 0); `None` when a
+    group is empty."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return None
+    n_bootstrap, confidence, seed = stats
+    rng = np.random.default_rng(seed)
+    deltas = np.array(
+        [
+            a[rng.integers(0, a.size, a.size)].mean() - b[rng.integers(0, b.size, b.size)].mean()
+            for _ in range(n_bootstrap)
+        ]
+    )
+    low, high = percentile_interval(deltas, confidence)
+    delta = float(a.mean() - b.mean())
+    return {
+        "delta": delta,
+        "low": low,
+        "high": high,
+        "p_value": float((deltas <= 0).mean()),
+        "n": int(a.size + b.size),
+    }

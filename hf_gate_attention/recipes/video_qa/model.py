@@ -1,0 +1,225 @@
+"""The question answerer of a run: a `VisionEncoderDecoderModel` (frozen vision encoder, text decoder with
+cross-attention) patched with the run's gate; its tokenizer, the checks made before anything trains, the
+prompts (passage and question, read by self-attention), the clip's encoder states (its frames' cached
+features side by side, read by cross-attention) and the collator.
+
+The model is saved and loaded as a standard `VisionEncoderDecoderModel`; a clip goes in as
+`encoder_outputs` (`clip_states`), since the encoder itself reads one image.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, VisionEncoderDecoderModel, set_seed
+
+from ...core.hooks import attention_layout
+from ...offline import resolve_model
+from ...sharing.loading import checkpoint_config, load_processor
+from ...sharing.loading import from_pretrained as load_gated
+from ..common.config import RunSpec
+from ..common.distributed import patch_on_device
+from ..common.encoder_decoder import (
+    SCRATCH_DECODERS,
+    assemble_model,
+    build_word_tokenizer,
+    require_cross_attention,
+    scratch_decoder_config,
+    start_and_end,
+)
+from ..common.inference import inference_device
+from .config import VideoQAConfig
+
+QUESTION, ANSWER = "<q>", "<a>"  # the separators before the question and before the answer
+
+
+def model_paths(config: VideoQAConfig) -> tuple[str, str | None]:
+    """`(encoder folder or Hub id, decoder folder or Hub id, or None for a scratch-* decoder)`."""
+    decoder = None if config.decoder in SCRATCH_DECODERS else resolve_model(config.decoder)
+    return resolve_model(config.encoder), decoder
+
+
+def load_tokenizer(decoder_path: str | None, texts: list[str]):
+    """A word-level tokenizer of `texts` for a `scratch-*` decoder, else the decoder's own; both with the
+    separators `<q>` and `<a>`."""
+    if decoder_path is None:
+        return build_word_tokenizer(texts, (QUESTION, ANSWER))
+    tokenizer = load_processor(decoder_path)
+    tokenizer.add_special_tokens({"additional_special_tokens": [QUESTION, ANSWER]})
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.sep_token
+    return tokenizer
+
+
+def positions(config: VideoQAConfig) -> int:
+    return config.max_passage_tokens + config.max_question_tokens + config.max_answer_tokens + 4
+
+
+def encode(tokenizer, config: VideoQAConfig, passage: str, question: str, answer: str | None = None):
+    """`(prompt ids, answer ids + end)`: the prompt `<s> passage <q> question <a>` (passage and question
+    truncated); the answer, when given, untruncated (`check_answers` refuses long ones)."""
+    start, end = start_and_end(tokenizer)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"] if text else []  # noqa: E731
+    q, a = tokenizer.convert_tokens_to_ids([QUESTION, ANSWER])
+    prompt = [
+        start,
+        *ids(passage)[: config.max_passage_tokens],
+        q,
+        *ids(question)[: config.max_question_tokens],
+        a,
+    ]
+    return prompt, None if answer is None else [*ids(answer), end]
+
+
+def check_answers(tokenizer, config: VideoQAConfig, data) -> None:
+    """`ValueError` naming the first answer longer than `max_answer_tokens` tokens."""
+    for split, clips in data.splits.items():
+        for clip in clips:
+            for q in clip["questions"]:
+                count = len(encode(tokenizer, config, "", "", q["answer"])[1]) - 1
+                if count > config.max_answer_tokens:
+                    raise ValueError(
+                        f"{split} clip {clip['id']}: answer {q['answer']!r} has {count} tokens; "
+                        f"max_answer_tokens={config.max_answer_tokens} (answers are not truncated)"
+                    )
+
+
+def decoder_config(config: VideoQAConfig, decoder_path: str | None, tokenizer):
+    """The decoder's config, with cross-attention asked for (`is_decoder`, `add_cross_attention`)."""
+    start, end = start_and_end(tokenizer)
+    tokens = {"bos_token_id": start, "eos_token_id": end, "pad_token_id": tokenizer.pad_token_id}
+    cross = {"is_decoder": True, "add_cross_attention": True}
+    if decoder_path is not None:
+        return AutoConfig.from_pretrained(decoder_path, **cross)
+    return scratch_decoder_config(config, len(tokenizer), positions(config), tokens, cross)
+
+
+def check_model(config: VideoQAConfig, encoder_path: str, decoder_path: str | None, tokenizer) -> None:
+    """`ValueError` before anything trains: an encoder that is not a vision model or whose patches do not
+    tile `image_size`, a decoder without cross-attention, a gate outside the decoder or that cannot patch
+    this model (`patch` on a weightless copy)."""
+    from ...core.patching import patch, unpatch
+
+    encoder_config = checkpoint_config(encoder_path)
+    patch_size = getattr(encoder_config, "patch_size", None)
+    if getattr(encoder_config, "num_channels", None) is None or not isinstance(patch_size, int):
+        raise ValueError(
+            f"encoder {config.encoder!r} is not a vision transformer (no num_channels/patch_size)"
+        )
+    if config.image_size % patch_size:
+        raise ValueError(
+            f"image_size={config.image_size} is not a multiple of the encoder's patch size {patch_size}"
+        )
+    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = assemble_model(
+            AutoModel.from_config(encoder_config), AutoModelForCausalLM.from_config(decoder_cfg), tokenizer
+        )
+        require_cross_attention(model, config.decoder, decoder_cfg.model_type, "the frames")
+        for run in config.runs:
+            if run.gate is None:
+                continue
+            outside = [b.name for b in attention_layout(model, run.gate) if not b.name.startswith("decoder.")]
+            if outside:
+                raise ValueError(
+                    f"run {run.name!r} gates {outside[0]} (and {len(outside) - 1} more) outside the decoder; "
+                    "the encoder is frozen and its features computed once: set the gate's parts: [decoder]"
+                )
+            unpatch(patch(model, run.gate, backend=config.backend))
+
+
+def build_model(config: VideoQAConfig, encoder_path: str, decoder_path: str | None, tokenizer, run: RunSpec):
+    """The model of `run`: the pretrained encoder (frozen) and the decoder drawn from `config.seed` (the same
+    for every run), then the run's gate."""
+    set_seed(config.seed)
+    encoder = AutoModel.from_pretrained(encoder_path, dtype=torch.float32)
+    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
+    if decoder_path is None:
+        decoder = AutoModelForCausalLM.from_config(decoder_cfg)
+    else:
+        decoder = AutoModelForCausalLM.from_pretrained(decoder_path, config=decoder_cfg, dtype=torch.float32)
+        decoder.resize_token_embeddings(len(tokenizer))
+    set_seed(config.seed)
+    model = assemble_model(encoder, decoder, tokenizer)
+    model.set_attn_implementation(config.attn_implementation)
+    model.encoder.requires_grad_(False)
+    if run.gate is not None:
+        set_seed(config.seed)
+        patch_on_device(model, run.gate, config.backend)
+    return model
+
+
+def load_trained(config: VideoQAConfig, run: RunSpec, attn_implementation: str | None = None):
+    """The final weights of `run` (`<run>/model`), in eval mode on the inference device."""
+    final = str(config.run_dir / run.name / "model")
+    kwargs = {
+        "dtype": torch.float32,
+        "attn_implementation": attn_implementation or config.attn_implementation,
+    }
+    if run.gate is not None:
+        model = load_gated(final, VisionEncoderDecoderModel, backend=config.backend, **kwargs)
+    else:
+        model = VisionEncoderDecoderModel.from_pretrained(final, **kwargs)
+    return model.to(inference_device()).eval()
+
+
+# ------------------------------------------------------------------------------------ clips and batches
+
+
+def frame_codes(frames: int, hidden: int) -> torch.Tensor:
+    """`(frames, hidden)` fixed sinusoidal codes of the frame index (the order of the frames)."""
+    position = torch.arange(frames, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, hidden, 2, dtype=torch.float32) * (-math.log(100.0) / hidden))
+    codes = torch.zeros(frames, hidden)
+    codes[:, 0::2] = torch.sin(position * rate)
+    codes[:, 1::2] = torch.cos(position * rate)[:, : hidden // 2]
+    return codes
+
+
+def clip_states(features: torch.Tensor) -> torch.Tensor:
+    """`(clips, frames, tokens, hidden)` frame features -> `(clips, frames * tokens, hidden)` float32 encoder
+    states, each frame's tokens plus its frame code (so that cross-attention can tell the frames apart)."""
+    clips, frames, tokens, hidden = features.shape
+    states = features.float() + frame_codes(frames, hidden)[None, :, None, :]
+    return states.reshape(clips, frames * tokens, hidden)
+
+
+def question_rows(tokenizer, config: VideoQAConfig, data, split: str) -> list[dict]:
+    """Training rows `{"split", "clip", "input_ids", "labels"}`: the prompt and answer, labels -100 except
+    where the next token is an answer token or the end."""
+    rows = []
+    for q in data.questions(split):
+        clip = data.splits[split][q["clip"]]
+        prompt, answer = encode(tokenizer, config, clip["passage"], q["question"], q["answer"])
+        ids = prompt + answer[:-1]
+        labels = [-100] * (len(prompt) - 1) + answer
+        rows.append({"split": split, "clip": q["clip"], "input_ids": ids, "labels": labels})
+    return rows
+
+
+class QACollator:
+    """Rows of `question_rows` -> `{"encoder_outputs": ((batch, frames * tokens, hidden),),
+    "decoder_input_ids", "decoder_attention_mask", "labels"}`, padded on the right."""
+
+    def __init__(self, features: dict[str, torch.Tensor], pad_id: int):
+        self.features, self.pad_id = features, pad_id  # {split: (clips, frames, tokens, hidden)}
+
+    def __call__(self, rows: list[dict]) -> dict:
+        length = max(len(row["input_ids"]) for row in rows)
+        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), length), -100, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            mask[i, : len(row["input_ids"])] = 1
+            ids[i, : len(row["input_ids"])] = torch.tensor(row["input_ids"])
+            labels[i, : len(row["labels"])] = torch.tensor(row["labels"])
+        states = clip_states(self.features[rows[0]["split"]][[row["clip"] for row in rows]])
+        return {
+            "encoder_outputs": (states,),
+            "decoder_input_ids": ids,
+            "decoder_attention_mask": mask,
+            "labels": labels,
+        }

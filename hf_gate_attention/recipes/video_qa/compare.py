@@ -98,10 +98,9 @@ def train_all(config, paths, tokenizer, processor, data: VideoQAData, features: 
         (config.run_dir / run.name / PREDICTIONS_FILE).unlink(missing_ok=True)  # stale once retrained
         model = build_model(config, *paths, tokenizer, run)
         collator = QACollator(features, tokenizer.pad_token_id)
-        train_model(config, run, model, collator, train, validation, callbacks)
-        if distributed_state().is_main_process:
-            tokenizer.save_pretrained(config.run_dir / run.name / "model")
-            processor.save_pretrained(config.run_dir / run.name / "model")
+        train_model(
+            config, run, model, collator, train, validation, callbacks, processors=(tokenizer, processor)
+        )
         del model
         gc.collect()
 

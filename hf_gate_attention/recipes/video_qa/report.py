@@ -109,11 +109,16 @@ def markdown_report(config, rows: list[dict], data: dict) -> str:
     with_ratio = [r for r in rows if r["ratio"]["all"] is not None]
     body = [[r["run"]] + [_ci(r["ratio"][g], 1, 3) for g in GROUPS] for r in with_ratio]
     lines.append(table(["run", *GROUPS], body) if body else "No run with both gates.")
-    lines += ["", "Between kinds (paired by clip where each clip has one question of each kind):", ""]
+    lines += [
+        "",
+        "Between kinds (paired by clip where each clip has one question of each kind; accuracy and share in"
+        " points, ratio as is):",
+        "",
+    ]
     pairs = list(rows[0]["kind_differences"])
     body = [
         [r["run"], measure]
-        + [_delta(r["kind_differences"][p][measure], 100 if measure != "ratio" else 1, 3) for p in pairs]
+        + [_delta(r["kind_differences"][p][measure], 100 if measure == "share" else 1, 3) for p in pairs]
         for r in rows
         for measure in ("ratio", "accuracy", "share")
         if measure != "ratio" or r in with_ratio

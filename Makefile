@@ -67,7 +67,7 @@ caption: install
 
 # Video QA: does the gate weigh frames against text by question kind? A frozen DINOv2-small encoder per frame
 # and a 3-layer GPT-2 decoder (passage and question by self-attention, frames by cross-attention), ungated and
-# gated, on generated clips (recipes/video_qa/README.md); meant for <= 20 min on 2 CPU cores.
+# gated, on generated clips (recipes/video_qa/README.md); 22 min on 2 CPU cores.
 video-qa: install
 	$(PY) -m hf_gate_attention recipe video_qa --config recipes/video_qa/configs/preset.yaml --resume
 

@@ -35,6 +35,7 @@ INPUT_KINDS = (
     "speech",  # input_features (whisper) + decoder_input_ids
     "image-to-text",  # pixel_values + decoder_input_ids
     "image-text",  # input_ids + pixel_values: clip/siglip; llava's input_ids hold its image tokens
+    "decoder",  # input_ids + encoder_hidden_states: the causal-LM decoder of an encoder-decoder family
 )
 
 
@@ -500,11 +501,21 @@ def swept_types(covered: set[str]) -> dict[str, tuple[Any, str]]:
     """Model type -> (Auto class, input kind) of every type of `SWEPT_MAPPINGS` not in `covered` (the first
     mapping holding it decides)."""
     found = {}
-    for mapping, spec in SWEPT_MAPPINGS.items():
+    for mapping, (auto_class, kind) in SWEPT_MAPPINGS.items():
         for model_type in getattr(transformers.models.auto.modeling_auto, mapping):
-            if model_type not in covered:
-                found.setdefault(model_type, spec)
+            if model_type not in covered and model_type not in found:
+                found[model_type] = (auto_class, _decoder_kind(model_type) if auto_class is _CAUSAL else kind)
     return found
+
+
+def _decoder_kind(model_type: str) -> str:
+    """ "decoder" for the causal LM of an encoder-decoder family (its cross-attention reads encoder states:
+    BART's relatives, TrOCR), else "text"."""
+    defaults = transformers.CONFIG_MAPPING[model_type]  # class defaults: some default configs do not build
+    reads_encoder = getattr(defaults, "is_encoder_decoder", False) is True or hasattr(
+        defaults, "cross_attention_hidden_size"
+    )
+    return "decoder" if reads_encoder else "text"
 
 
 def build_error(error: Exception) -> str:
@@ -604,27 +615,10 @@ UNBUILT: dict[str, str] = {
     "textnet": "AttributeError: 'TextNetConfig' object has no attribute 'num_channels'",
     "timm_wrapper": "ImportError: TimmWrapperForImageClassification requires the timm library but it was not found in your environment",  # noqa: E501
 }
-# swept types that patch does not refuse but that fail checks of the matrix (not yet served): the checks
+# swept types that patch serves but whose checks cannot run on the CPU, and why
 UNCHECKED: dict[str, str] = {
-    "bigbird_pegasus": "gradient, value-gate heads",
-    "bitnet": "top-k",
-    "blenderbot": "gradient, value-gate heads",
-    "blenderbot-small": "gradient, value-gate heads",
-    "diffllama": "top-k, value-gate heads",
-    "falcon_h1": "gradient, identity/unpatch",
-    "flint": "top-k",
-    "gpt_oss": "top-k",
-    "granite_swa": "top-k",
-    "granitemoe_swa": "top-k",
-    "hy_v4": "gradient, top-k, value-gate heads",
-    "inkling_text": "top-k",
-    "longformer": "gradient, identity/unpatch, top-k",
-    "luke": "gradient, top-k",
-    "minimax": "identity/unpatch",
-    "mra": "gradient, value-gate heads",
-    "mvp": "gradient, value-gate heads",
-    "plbart": "gradient, value-gate heads",
-    "trocr": "gradient, value-gate heads",
+    "mra": "its attention runs only in a CUDA kernel (without it, transformers returns zeros), so gradients "
+    "and value-gate heads cannot be checked on the CPU",
 }
 # every swept type's spec; the zoo holds those neither unbuilt nor unchecked
 SWEPT = {t: ZooSpec(functools.partial(shrunk_config, t), *spec) for t, spec in swept_types(COVERED).items()}
@@ -699,6 +693,10 @@ def zoo_inputs(model_type: str, batch: int = 2, length: int = 11, seed: int = 1)
     kind = spec.inputs
     if kind == "text":
         return {"input_ids": _tokens(model_type, (batch, length), generator)}
+    if kind == "decoder":
+        width = getattr(config, "cross_attention_hidden_size", None) or config.d_model
+        states = torch.randn(batch, length + 2, width, generator=generator)  # (B, S, d) of an encoder
+        return {"input_ids": _tokens(model_type, (batch, length), generator), "encoder_hidden_states": states}
     if kind == "image":
         return {"pixel_values": _pixels(config, batch, generator)}
     if kind == "seq2seq":

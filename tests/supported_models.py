@@ -71,12 +71,22 @@ REFUSED = {
     "squeezebert": ("found no attention block", "no attention block follows a known layout"),
     "swiftformer": ("found no attention block", "no attention block follows a known layout"),
     "xlnet": ("found no attention block", "no attention block follows a known layout"),
+    "longformer": (
+        "projects its input sequence-first",
+        "its self-attention projects its input sequence-first and computes global attention through "
+        "projections of its own",
+    ),
 }
-# zoo key -> a part of the error for variants other than `output`, where the layout serves only that one
-OUTPUT_GATE_ONLY = {"deepseek_v3": "has no per-head key or value projection"}
+# zoo key -> (the variants its layout serves, a part of the error for the others)
+LIMITED_VARIANTS = {
+    "deepseek_v3": (("output",), "has no per-head key or value projection"),
+    "hy_v4": (("output",), "has no per-head key or value projection"),
+    "diffllama": (("output", "qk"), "joins its value heads in pairs"),
+}
 # zoo key -> what `patch` warns it leaves ungated (module names of the unknown attention), for partial models
 PARTLY_GATED = {
     "led": "led.encoder.layers.0.self_attn",
+    "minimax": "model.layers.1.self_attn",  # lightning (linear) attention
     "siglip": "vision_model.head.attention",
 }
 SERVED = tuple(key for key in ZOO if key not in REFUSED)
@@ -128,7 +138,9 @@ def rows() -> list[str]:
             stacks.setdefault(block.stack, (block.kind, _layout(block), heads))
         found = "<br>".join(f"{kind}: `{stack}` {layout}" for stack, (kind, layout, _) in stacks.items())
         status = "served" if key not in PARTLY_GATED else f"served; not gated: `{PARTLY_GATED[key]}` ..."
-        status += "; variant `output` only" if key in OUTPUT_GATE_ONLY else ""
+        if key in LIMITED_VARIANTS:
+            served = LIMITED_VARIANTS[key][0]
+            status += f"; variant{'s' * (len(served) > 1)} {', '.join(f'`{v}`' for v in served)} only"
         lines.append(f"| {key} | {name} | {found} | {status} |")
     for key, spec in SWEPT.items():
         start = f"| {key} | {spec.auto_class.__name__} | - |"
@@ -136,7 +148,7 @@ def rows() -> list[str]:
             why = UNBUILT[key].replace("|", "/")
             lines.append(f"{start} not tested: its shrunk default config does not build and run: {why} |")
         elif key in UNCHECKED:
-            lines.append(f"{start} not served yet: patched, but fails {UNCHECKED[key]} |")
+            lines.append(f"{start} patched, not checked here: {UNCHECKED[key]} |")
     return lines
 
 

@@ -13,6 +13,7 @@ This module needs only torch: it ships as remote code with the gate runtime (see
 
 from __future__ import annotations
 
+import dis
 import inspect
 import re
 from dataclasses import dataclass, field
@@ -142,6 +143,29 @@ _OUTPUT_ONLY_LATENT = {
 # The layouts the structural search knows, most specific first (a block is claimed by the first that fits).
 # A new layout is one entry; the comments name model types of transformers 5.25 that use it.
 LAYOUTS: tuple[AttentionFamily, ...] = (
+    # DiffLlama: differential attention joins value heads in pairs (`torch.chunk` over the heads), so a gate
+    # per key/value head would reach halves of other heads
+    _family(
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        marker="groupnorm",
+        variants=("output", "qk"),
+        limits="differential attention joins its value heads in pairs, so a value gate would not gate whole "
+        "heads",
+    ),
+    # Longformer: projects its input sequence-first, beside separate global-attention projections
+    _family(
+        "self.query",
+        "self.key",
+        "self.value",
+        "output.dense",
+        marker="self.query_global",
+        variants=(),
+        limits="Longformer's self-attention projects its input sequence-first (length, batch) and computes "
+        "global attention through projections of its own, which the gates do not follow",
+    ),
     # Llama, Mistral, Qwen, Gemma, OLMo, Granite, Mixtral and the MoE decoders, Cohere, GLM-4, ViT, DINOv2
     _family("q_proj", "k_proj", "v_proj", "o_proj"),
     # BART, mBART, Pegasus, Marian, Whisper, CLIP, SigLIP, GPT-J, OPT
@@ -194,7 +218,11 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "bert",
     "bert-generation",
     "big_bird",
+    "bigbird_pegasus",
     "biogpt",
+    "bitnet",
+    "blenderbot",
+    "blenderbot-small",
     "bloom",
     "camembert",
     "clip",
@@ -208,6 +236,7 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "deberta-v2",
     "deepseek_v3",
     "deit",
+    "diffllama",
     "dinov2",
     "dinov2_with_registers",
     "distilbert",
@@ -223,8 +252,10 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "exaone4",
     "exaone_moe",
     "falcon",
+    "falcon_h1",
     "flaubert",
     "flex_olmo",
+    "flint",
     "gemma",
     "gemma2",
     "gemma3_text",
@@ -237,9 +268,12 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "gpt_bigcode",
     "gpt_neox",
     "gpt_neox_japanese",
+    "gpt_oss",
     "gptj",
     "granite",
+    "granite_swa",
     "granitemoe",
+    "granitemoe_swa",
     "granitemoeshared",
     "gte",
     "helium",
@@ -247,8 +281,10 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "hunyuan_v1_dense",
     "hunyuan_v1_moe",
     "hy_v3",
+    "hy_v4",
     "hyperclovax",
     "ijepa",
+    "inkling_text",
     "internlm3",
     "iquestcoder",
     "jais2",
@@ -263,10 +299,12 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "llama4_text",
     "llava",
     "longt5",
+    "luke",
     "marian",
     "mbart",
     "megatron-bert",
     "mellum",
+    "minimax",
     "minimax_m2",
     "minimax_m3_vl_text",
     "ministral",
@@ -278,6 +316,7 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "modernbert",
     "mpnet",
     "mt5",
+    "mvp",
     "nanochat",
     "nemotron",
     "nemotron_h",
@@ -295,6 +334,7 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "phi",
     "phi3",
     "phimoe",
+    "plbart",
     "qwen2",
     "qwen2_moe",
     "qwen3",
@@ -314,6 +354,7 @@ TESTED_MODEL_TYPES: tuple[str, ...] = (
     "swin",
     "t5",
     "tapas",
+    "trocr",
     "ultrabert",
     "vaultgemma",
     "vision-encoder-decoder",
@@ -560,6 +601,31 @@ def unrecognised_attention(model: nn.Module, blocks: list[AttentionBlock]) -> li
         if not related:
             names.append(f"{name} ({type(module).__name__})")
     return names
+
+
+def modules_on_attention_output(block: nn.Module, family: AttentionFamily) -> list[str]:
+    """The child modules that the block's own forward calls on the attention output before its output
+    projection (BitNet's `attn_sub_norm`, DiffLlama's `groupnorm`), read off its bytecode: those it loads
+    after it looks up `ALL_ATTENTION_FUNCTIONS` and before the output projection, dropout and identities
+    aside. Empty for a block whose forward does not both look up the attention function and call its output
+    projection (BERT's `output.dense` runs in the parent's forward)."""
+    names = [
+        (instruction.opname, instruction.argval)
+        for instruction in dis.get_instructions(inspect.unwrap(type(block).forward))
+        if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL")
+    ]
+    lookups = [i for i, (_, name) in enumerate(names) if name == "ALL_ATTENTION_FUNCTIONS"]
+    if "." in family.output or not lookups:
+        return []
+    after = [name for opname, name in names[lookups[-1] + 1 :] if opname != "LOAD_GLOBAL"]
+    if family.output not in after:
+        return []
+    return [
+        name
+        for name in dict.fromkeys(after[: after.index(family.output)])
+        if isinstance(block._modules.get(name), nn.Module)
+        and not isinstance(block._modules[name], (nn.Dropout, nn.Identity))
+    ]
 
 
 def uses_attention_interface(block: nn.Module) -> bool:

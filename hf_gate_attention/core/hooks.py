@@ -428,6 +428,8 @@ def attention_layout(model: nn.Module, config: GateConfig, family: AttentionFami
         )
     for block in chosen:
         family = block.family
+        if family.variants == ():
+            raise ValueError(f"{block.name} ({type(block.module).__name__}) cannot be gated: {family.limits}")
         if family.variants is not None and config.variant not in family.variants:
             raise ValueError(
                 f"GateConfig.variant={config.variant!r} cannot gate {block.name} "

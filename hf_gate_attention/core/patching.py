@@ -8,6 +8,7 @@ the model on `unpatch`. The backend is a property of this patched instance, neve
 from __future__ import annotations
 
 import importlib
+import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from types import MethodType
@@ -17,7 +18,7 @@ from torch import nn
 from . import sparse as sparse_module
 from .backends import backend_named, check_backend_name, resolve_backend
 from .config import GateConfig
-from .families import uses_attention_interface
+from .families import modules_on_attention_output, uses_attention_interface
 from .gate import AttentionGate
 from .hooks import (
     CONFIG_ATTRIBUTE,
@@ -197,7 +198,10 @@ def _attention_function_unavailable(model: nn.Module, layout: list) -> str | Non
     """Why an attention function that applies the gate (sparse top-k, sink/window reads, the Triton
     attention) cannot serve these blocks, or `None`: it replaces the model's attention implementation, so
     every gated block must be self-attention that calls transformers' attention interface with a mask alone
-    (no relative position bias), under the model's own config (not a part with a config of its own)."""
+    (no relative position bias), under the model's own config (not a part with a config of its own), on
+    SDPA's semantics (a model whose eager attention adds learned sinks says it does not support SDPA), and
+    whose forward passes the attention output straight to the output projection (where the masked reference
+    gates it)."""
     for block in layout:
         name = f"{block.name} ({type(block.module).__name__})"
         if block.kind == "cross":
@@ -208,6 +212,18 @@ def _attention_function_unavailable(model: nn.Module, layout: list) -> str | Non
             return f"{name} computes attention without transformers' attention interface"
         if any("relative" in key for key, _ in block.module.named_parameters()):
             return f"{name} adds a relative position bias to its attention scores"
+        if "position_bias" in inspect.unwrap(type(block.module).forward).__code__.co_varnames:
+            return f"{name} passes a position bias to its attention function"
+        if between := modules_on_attention_output(block.module, block.family):
+            return (
+                f"{name} passes its attention output through {', '.join(between)} before its output "
+                "projection, where the gate is defined"
+            )
+    if not getattr(model, "_supports_sdpa", True):
+        return (
+            f"{type(model).__name__} does not support SDPA attention (its own attention computes more, such "
+            "as learned attention sinks), which this attention function runs"
+        )
     return None
 
 

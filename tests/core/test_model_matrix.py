@@ -19,7 +19,7 @@ import torch
 from model_zoo import HAND_WRITTEN, UNBUILT, ZOO, build_error, zoo_model
 from model_zoo import zoo_inputs as inputs_of
 from supported_models import (
-    OUTPUT_GATE_ONLY,
+    LIMITED_VARIANTS,
     PARTLY_GATED,
     REFUSED,
     SERVED,
@@ -38,7 +38,7 @@ GENERATES = tuple(key for key in SERVED if ZOO[key].generates)
 # the types shrunk from default configs (model_zoo.SWEPT_MAPPINGS) skip top-k and PEFT (CI time) and, for now,
 # save/load (some reload under other module names: exaone, param2moe)
 FULLY_CHECKED = tuple(key for key in SERVED if key in HAND_WRITTEN)
-VALUE_GATED = tuple(key for key in SERVED if key not in OUTPUT_GATE_ONLY)
+VALUE_GATED = tuple(key for key in SERVED if "value" in LIMITED_VARIANTS.get(key, ("value",))[0])
 
 
 def output_of(model, inputs) -> torch.Tensor:
@@ -110,8 +110,9 @@ def test_every_gate_gets_a_gradient(key, variant):
     kinds = kinds_of(model)
     if variant == "qk":  # the query/key gate has no place in cross-attention (a clear error: test_patch.py)
         kinds = tuple(kind for kind in kinds if kind != "cross")
-    if variant != "output" and key in OUTPUT_GATE_ONLY:
-        with pytest.raises(ValueError, match=OUTPUT_GATE_ONLY[key]):
+    served, limit = LIMITED_VARIANTS.get(key, ((variant,), ""))
+    if variant not in served:
+        with pytest.raises(ValueError, match=limit):
             gate_everything(model, variant=variant)
         return
     gate_everything(model, variant=variant, init="paper", attention=kinds)

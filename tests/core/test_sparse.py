@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from helpers import first_output, tiny_inputs, tiny_model
+from model_zoo import zoo_inputs, zoo_model
 from torch.nn import functional as F
 
 from hf_gate_attention import GateConfig, patch, unpatch
@@ -434,6 +435,35 @@ def test_sparse_none_falls_back_to_masked_where_it_cannot_skip():
     ):
         patch(model, config)
         assert model.config._attn_implementation == "eager"
+
+
+# model types whose attention the sparse path (SDPA, the gate at its output) cannot replace, and why
+OWN_ATTENTION = {
+    "gpt_oss": "does not support SDPA attention",  # learned sinks in its eager attention
+    "granite_swa": "does not support SDPA attention",
+    "bitnet": "through attn_sub_norm before its output projection",  # a norm between attention and o_proj
+    "diffllama": "through groupnorm before its output projection",  # two attention calls, then a norm
+    "inkling_text": "passes a position bias to its attention function",
+}
+
+
+@pytest.mark.parametrize("model_type", OWN_ATTENTION)
+def test_sparse_none_masks_where_the_model_computes_more_than_sdpa(model_type):
+    """sparse=None keeps the model's own attention (masked top-k) and equals sparse=False; sparse=True and
+    the sink/window reads (also an attention function) are refused with the reason, nothing half-patched."""
+    model, reference = zoo_model(model_type), zoo_model(model_type)
+    patch(model, init="paper", top_k=1)
+    patch(reference, init="paper", top_k=1, sparse=False)
+    reference.load_state_dict(model.state_dict())
+    assert model.config._attn_implementation == "eager"
+    inputs = zoo_inputs(model_type)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**inputs).logits, reference(**inputs).logits, atol=1e-6, rtol=1e-6)
+    for options in ({"sparse": True}, {"top_k_sink": 1, "top_k_window": 2}):
+        fresh = zoo_model(model_type)
+        with pytest.raises(ValueError, match=OWN_ATTENTION[model_type]):
+            patch(fresh, top_k=1, **options)
+        assert not any("attn_gate" in name for name, _ in fresh.named_modules())
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from hf_gate_attention.recipes.captioning.attention import END, _caption_record,
 from hf_gate_attention.recipes.captioning.cli import main
 from hf_gate_attention.recipes.captioning.data import COLOURS, shapes_example
 from hf_gate_attention.recipes.captioning.metrics import verdict
-from hf_gate_attention.recipes.captioning.model import build_word_tokenizer
+from hf_gate_attention.recipes.common.encoder_decoder import build_word_tokenizer
 
 IMAGE_SIZE = 56  # 4 x 4 patches of 14 pixels
 

@@ -30,7 +30,15 @@ from ...files import atomic_write_json, atomic_write_text, read_json
 from ...memory import peak_growth_mib
 from ..common.config import split_limits
 from ..common.distributed import distributed_state, leave_after_training
-from ..common.encoder_decoder import encoder_outputs, load_image_processor, patch_grid
+from ..common.encoder_decoder import (
+    build_encoder_decoder,
+    check_encoder_decoder,
+    encoder_outputs,
+    load_image_processor,
+    load_trained,
+    model_paths,
+    patch_grid,
+)
 from ..common.inference import interleaved_rounds
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
 from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
@@ -50,16 +58,7 @@ from .metrics import (
     caption_scores,
     verdict,
 )
-from .model import (
-    CaptionCollator,
-    build_captioner,
-    cached_features,
-    caption_rows,
-    check_captioner,
-    load_tokenizer,
-    load_trained_captioner,
-    model_paths,
-)
+from .model import CaptionCollator, cached_features, caption_rows, load_tokenizer
 from .plots import plot_attention, plot_overlays
 from .report import csv_table, markdown_report
 
@@ -91,7 +90,7 @@ def train_all(config, paths, tokenizer, processor, data: CaptionData, features: 
             logger.warning("Run %s: already trained, kept", run.name)
             continue
         (config.run_dir / run.name / PREDICTIONS_FILE).unlink(missing_ok=True)  # stale once retrained
-        model = build_captioner(config, *paths, tokenizer, run)
+        model = build_encoder_decoder(config, *paths, tokenizer, run)
         collator = _SplitCollator(features)
         train_model(
             config,
@@ -147,7 +146,7 @@ def predict_all(config, tokenizer, data: CaptionData, features: torch.Tensor) ->
         path = config.run_dir / run.name / PREDICTIONS_FILE
         saved = read_json(path)
         if saved is None or saved["references"] != references:
-            model = load_trained_captioner(config, run)
+            model = load_trained(config, run)
             captions = generate_captions(
                 model, tokenizer, features, config.generation_batch_size, config.max_new_tokens
             )
@@ -165,7 +164,7 @@ def measure_all(config, tokenizer, data: CaptionData, features: torch.Tensor, pa
     keys = object_key_sets(data.splits["test"], config.image_size, grid, prefix, config.mask_threshold)
     measured = {}
     for run in config.runs:
-        model = load_trained_captioner(config, run, attn_implementation="eager")
+        model = load_trained(config, run, attn_implementation="eager")
         measured[run.name] = measure_attention(
             model,
             tokenizer,
@@ -184,7 +183,7 @@ def measure_all(config, tokenizer, data: CaptionData, features: torch.Tensor, pa
 def measure_speed(config, tokenizer, features: torch.Tensor) -> dict[str, dict]:
     """Greedy captions per second of every run on the first `speed_examples` test images (from their cached
     encoder outputs: the frozen encoder is the same in every run), the runs alternating within each round."""
-    models = {run.name: load_trained_captioner(config, run) for run in config.runs}
+    models = {run.name: load_trained(config, run) for run in config.runs}
     subset = features[: config.speed_examples]
     size, new = config.speed_batch_size, config.max_new_tokens
 
@@ -349,7 +348,7 @@ def run_captioning(config: CaptioningConfig, callbacks: list[TrainerCallback] | 
         paths = model_paths(config)
         data = load_data(config)
     tokenizer = load_tokenizer(config, paths[1], [row["caption"] for row in data.splits["train"]])
-    check_captioner(config, *paths, tokenizer)
+    check_encoder_decoder(config, *paths, tokenizer, "the image")
     fingerprint = data_fingerprint(data.fingerprint_rows())
     claim_on_main(config, fingerprint)  # after the input was read and checked: bad input leaves no folder
     processor = load_image_processor(paths[0], config.image_size)

@@ -8,7 +8,8 @@ import torch
 
 from ...diagnostics import diagnose
 from ...files import atomic_write_json
-from .model import encode_caption, load_trained_captioner, start_and_end
+from ..common.encoder_decoder import load_trained, start_and_end
+from .model import encode_caption
 
 DIAGNOSED_EXAMPLES = 16
 DIAGNOSIS_FILE = "diagnostics.json"
@@ -36,7 +37,7 @@ def diagnose_runs(config, tokenizer, data, features: torch.Tensor) -> dict[str, 
     """`{run: diagnose(...)["summary"]}`; each run's whole diagnosis in `<run>/diagnostics.json`."""
     summaries = {}
     for run in config.runs:
-        model = load_trained_captioner(config, run, attn_implementation="eager")
+        model = load_trained(config, run, attn_implementation="eager")
         device = next(model.parameters()).device
         inputs = diagnosis_inputs(tokenizer, data.splits["test"], features, config.max_caption_tokens, device)
         result = diagnose(model, inputs, skip_queries=1, part="decoder")

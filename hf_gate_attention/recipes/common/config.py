@@ -91,6 +91,89 @@ def check_shared_keys(config) -> None:
     check_training_keys(config)
 
 
+SCRATCH_DECODERS = ("scratch-gpt2", "scratch-bert")  # decoders the encoder-decoder recipes draw from scratch
+
+
+@dataclass
+class EncoderDecoderKeys:
+    """The keys of the recipes that train a text decoder on a frozen vision encoder (captioning, video QA),
+    checked by `check_encoder_decoder_keys`; a recipe redeclares a field to change its default.
+
+    Model:
+        encoder (`str`): Hub id or local folder of a vision encoder; `"dinov2-small"` is the offline copy.
+        decoder (`str`): `"scratch-gpt2"` or `"scratch-bert"` (a `GPT2LMHeadModel` or `BertLMHeadModel` with
+            cross-attention, built from `decoder_*` and a word-level tokenizer of the training texts), or a
+            Hub id / local folder of a pretrained decoder that takes cross-attention (GPT-2, BERT, ...; its
+            own tokenizer).
+        decoder_layers, decoder_hidden_size, decoder_heads (`int`): size of a `scratch-*` decoder.
+        decoder_dropout (`float`): dropout of a `scratch-*` decoder, in [0, 1).
+        attn_implementation (`str`, defaults to `"sdpa"`): attention kernel while training, generating and
+            timing; the attention weights are always read with `"eager"`.
+
+    Images:
+        image_size (`int`): images are resized to this square size, a multiple of the encoder's patch size
+            (112: 8 x 8 patches of 14 pixels for DINOv2).
+        feature_batch_size (`int`): images per batch when the encoder features are computed.
+
+    Statistics and timing:
+        mask_threshold (`float`): a patch belongs to an object when at least this share of its pixels does,
+            in (0, 1]; an object covering no patch that much gets its most covered patch.
+        n_bootstrap (`int`): bootstrap resamples of the confidence intervals.
+        confidence (`float`): level of the confidence intervals, in (0, 1).
+        speed_rounds (`int`): interleaved timing rounds over the models (ratios are taken per round).
+    """
+
+    encoder: str = "dinov2-small"
+    decoder: str = "scratch-gpt2"
+    decoder_layers: int = 3
+    decoder_hidden_size: int = 128
+    decoder_heads: int = 4
+    decoder_dropout: float = 0.1
+    attn_implementation: str = "sdpa"
+    image_size: int = 112
+    feature_batch_size: int = 32
+    generation_batch_size: int = 64
+    mask_threshold: float = 0.25
+    overlay_examples: int = 2
+    n_bootstrap: int = 1000
+    confidence: float = 0.95
+    speed_examples: int = 64
+    speed_batch_size: int = 32
+    speed_rounds: int = 3
+
+
+def check_encoder_decoder_keys(config, counts: tuple[str, ...], non_negative: tuple[str, ...] = ()) -> None:
+    """The checks of the recipes that train a decoder on a frozen vision encoder (captioning, video QA):
+    `decoder` (a built-in scratch decoder, or a Hub id or folder), the intervals, the keys >= 1 (theirs and
+    `counts`) and >= 0 (`overlay_examples` and `non_negative`), heads dividing the hidden size."""
+    check_shared_keys(config)
+    decoder = config.decoder
+    if decoder.startswith("scratch-") and decoder not in SCRATCH_DECODERS and not Path(decoder).exists():
+        raise ValueError(
+            f"decoder={decoder!r} is not a built-in decoder; accepted: {', '.join(SCRATCH_DECODERS)}, "
+            "or a Hub id or local folder of a pretrained decoder that takes cross-attention"
+        )
+    if not 0 < config.confidence < 1:
+        raise ValueError(f"confidence={config.confidence} must be in (0, 1)")
+    if not 0 < config.mask_threshold <= 1:
+        raise ValueError(f"mask_threshold={config.mask_threshold} must be in (0, 1]")
+    if not 0 <= config.decoder_dropout < 1:
+        raise ValueError(f"decoder_dropout={config.decoder_dropout} must be in [0, 1)")
+    positive = ("decoder_layers", "decoder_hidden_size", "decoder_heads", "image_size", "feature_batch_size")
+    positive += ("generation_batch_size", "n_bootstrap", "speed_examples", "speed_batch_size", "speed_rounds")
+    for key in (*positive, *counts):
+        if getattr(config, key) < 1:
+            raise ValueError(f"{key}={getattr(config, key)} must be >= 1")
+    for key in ("overlay_examples", *non_negative):
+        if getattr(config, key) < 0:
+            raise ValueError(f"{key}={getattr(config, key)} must be >= 0")
+    if config.decoder_hidden_size % config.decoder_heads:
+        raise ValueError(
+            f"decoder_hidden_size={config.decoder_hidden_size} must be a multiple of "
+            f"decoder_heads={config.decoder_heads}"
+        )
+
+
 def split_limits(config) -> dict[str, int | None]:
     """`{split: config.max_<split>_examples}`: examples of each split a recipe keeps (`None`: all)."""
     return {split: getattr(config, f"max_{split}_examples") for split in ("train", "validation", "test")}

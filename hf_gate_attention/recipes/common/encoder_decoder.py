@@ -1,26 +1,32 @@
 """What the recipes with a frozen vision encoder and a text decoder with cross-attention share (captioning,
-video QA): the word-level tokenizer, a decoder built from scratch, the assembled `VisionEncoderDecoderModel`,
-the check that the decoder reads the encoder, the image processor, and the encoder features computed once and
-cached in a safetensors file."""
+video QA): the word-level tokenizer, the decoder's config (pretrained, or from scratch), the checks before
+training, the assembled `VisionEncoderDecoderModel` built for a run and loaded trained, the image processor,
+and the encoder features computed once and cached in a safetensors file."""
 
 from __future__ import annotations
 
 import logging
 import re
+import warnings
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModel, VisionEncoderDecoderModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, VisionEncoderDecoderModel, set_seed
 from transformers.modeling_outputs import BaseModelOutput
 
 from ...core.families import find_attention
+from ...core.hooks import attention_layout
+from ...offline import resolve_model
 from ...sharing.loading import checkpoint_config, load_processor
+from ...sharing.loading import from_pretrained as load_gated
+from .config import SCRATCH_DECODERS, RunSpec
+from .distributed import patch_on_device
+from .inference import inference_device
 
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-SCRATCH_DECODERS = ("scratch-gpt2", "scratch-bert")
 
 
 def normalise_caption(text: str) -> str:
@@ -52,12 +58,25 @@ def start_and_end(tokenizer) -> tuple[int, int]:
     return start, end
 
 
-def scratch_decoder_config(config, vocab_size: int, positions: int, tokens: dict, cross: dict):
-    """The config of a `scratch-gpt2` / `scratch-bert` decoder of `config`'s `decoder_*` size."""
-    dropout = config.decoder_dropout
+def model_paths(config) -> tuple[str, str | None]:
+    """`(encoder folder or Hub id, decoder folder or Hub id, or None for a scratch-* decoder)`."""
+    decoder = None if config.decoder in SCRATCH_DECODERS else resolve_model(config.decoder)
+    return resolve_model(config.encoder), decoder
+
+
+def decoder_config(config, decoder_path: str | None, tokenizer):
+    """The decoder's config with cross-attention asked for (`is_decoder`, `add_cross_attention`): the
+    pretrained decoder's, or a `scratch-gpt2` / `scratch-bert` one of `config`'s `decoder_*` size with
+    `config.decoder_positions` positions and the tokenizer's vocabulary and start, end and pad ids."""
+    cross = {"is_decoder": True, "add_cross_attention": True}
+    if decoder_path is not None:
+        return AutoConfig.from_pretrained(decoder_path, **cross)
+    start, end = start_and_end(tokenizer)
+    sizes = {"vocab_size": len(tokenizer), "bos_token_id": start, "eos_token_id": end, **cross}
+    sizes["pad_token_id"] = tokenizer.pad_token_id
+    dropout, positions = config.decoder_dropout, config.decoder_positions
     if config.decoder == "scratch-gpt2":
         return transformers.GPT2Config(
-            vocab_size=vocab_size,
             n_positions=positions,
             n_embd=config.decoder_hidden_size,
             n_layer=config.decoder_layers,
@@ -65,11 +84,9 @@ def scratch_decoder_config(config, vocab_size: int, positions: int, tokens: dict
             resid_pdrop=dropout,
             embd_pdrop=dropout,
             attn_pdrop=dropout,
-            **tokens,
-            **cross,
+            **sizes,
         )
     return transformers.BertConfig(
-        vocab_size=vocab_size,
         hidden_size=config.decoder_hidden_size,
         num_hidden_layers=config.decoder_layers,
         num_attention_heads=config.decoder_heads,
@@ -77,8 +94,7 @@ def scratch_decoder_config(config, vocab_size: int, positions: int, tokens: dict
         max_position_embeddings=positions,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
-        **tokens,
-        **cross,
+        **sizes,
     )
 
 
@@ -92,15 +108,82 @@ def assemble_model(encoder, decoder, tokenizer) -> VisionEncoderDecoderModel:
     return model
 
 
-def require_cross_attention(model, decoder: str, model_type: str, reads: str) -> None:
-    """`ValueError` when the assembled model's decoder has no cross-attention block (cannot read `reads`)."""
-    kinds = {block.kind for block in find_attention(model) if block.name.startswith("decoder.")}
-    if "cross" not in kinds:
+def check_encoder_decoder(config, encoder_path: str, decoder_path: str | None, tokenizer, reads: str) -> None:
+    """`ValueError` before anything trains: an encoder that is not a vision model or whose patches do not
+    tile `image_size`, a decoder without cross-attention (it could not read `reads`), a gate that touches the
+    encoder (its features are computed once) or that cannot patch this model (`patch` on a weightless copy,
+    `backend` included)."""
+    from ...core.patching import patch, unpatch
+
+    encoder_config = checkpoint_config(encoder_path)
+    patch_size = getattr(encoder_config, "patch_size", None)
+    if getattr(encoder_config, "num_channels", None) is None or not isinstance(patch_size, int):
         raise ValueError(
-            f"decoder {decoder!r} ({model_type}) has no cross-attention: it cannot read {reads}. Use "
-            "scratch-gpt2, scratch-bert, or a pretrained decoder whose config takes add_cross_attention=True "
-            "(GPT-2, BERT, RoBERTa, ...)"
+            f"encoder {config.encoder!r} is not a vision transformer (no num_channels/patch_size)"
         )
+    if config.image_size % patch_size:
+        raise ValueError(
+            f"image_size={config.image_size} is not a multiple of the encoder's patch size {patch_size}"
+        )
+    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoder = AutoModelForCausalLM.from_config(decoder_cfg)
+        model = assemble_model(AutoModel.from_config(encoder_config), decoder, tokenizer)
+        kinds = {block.kind for block in find_attention(model) if block.name.startswith("decoder.")}
+        if "cross" not in kinds:
+            raise ValueError(
+                f"decoder {config.decoder!r} ({decoder_cfg.model_type}) has no cross-attention: it cannot "
+                f"read {reads}. Use scratch-gpt2, scratch-bert, or a pretrained decoder whose config takes "
+                "add_cross_attention=True (GPT-2, BERT, RoBERTa, ...)"
+            )
+        for run in config.runs:
+            if run.gate is None:
+                continue
+            outside = [b.name for b in attention_layout(model, run.gate) if not b.name.startswith("decoder.")]
+            if outside:
+                raise ValueError(
+                    f"run {run.name!r} gates {outside[0]} (and {len(outside) - 1} more) outside the decoder; "
+                    "the encoder is frozen and its features computed once: set the gate's parts: [decoder]"
+                )
+            unpatch(patch(model, run.gate, backend=config.backend))
+
+
+def build_encoder_decoder(config, encoder_path: str, decoder_path: str | None, tokenizer, run: RunSpec):
+    """The model of `run`: the pretrained encoder (frozen), the decoder (from scratch, or pretrained, its
+    embeddings grown to tokens the tokenizer added) and the projection between them drawn from
+    `config.seed` (the same for every run), then the run's gate."""
+    set_seed(config.seed)
+    encoder = AutoModel.from_pretrained(encoder_path, dtype=torch.float32)
+    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
+    if decoder_path is None:
+        decoder = AutoModelForCausalLM.from_config(decoder_cfg)
+    else:
+        decoder = AutoModelForCausalLM.from_pretrained(decoder_path, config=decoder_cfg, dtype=torch.float32)
+        if len(tokenizer) > decoder.get_input_embeddings().num_embeddings:
+            decoder.resize_token_embeddings(len(tokenizer))
+    set_seed(config.seed)
+    model = assemble_model(encoder, decoder, tokenizer)
+    model.set_attn_implementation(config.attn_implementation)
+    model.encoder.requires_grad_(False)
+    if run.gate is not None:
+        set_seed(config.seed)
+        patch_on_device(model, run.gate, config.backend)
+    return model
+
+
+def load_trained(config, run: RunSpec, attn_implementation: str | None = None) -> VisionEncoderDecoderModel:
+    """The final weights of `run` (`<run>/model`), in eval mode on the inference device."""
+    final = str(config.run_dir / run.name / "model")
+    kwargs = {
+        "dtype": torch.float32,
+        "attn_implementation": attn_implementation or config.attn_implementation,
+    }
+    if run.gate is not None:
+        model = load_gated(final, VisionEncoderDecoderModel, backend=config.backend, **kwargs)
+    else:
+        model = VisionEncoderDecoderModel.from_pretrained(final, **kwargs)
+    return model.to(inference_device()).eval()
 
 
 def load_image_processor(encoder_path: str, image_size: int):

@@ -17,20 +17,37 @@ from ..common.speed import NOISY_NOTE, ratio_cell, ratio_summary, round_ratios
 from ..common.summaries.report import SPEED_COLUMNS, markdown_table, rouge_deltas
 from .lengths import LENGTHS_FOLDER, LENGTHS_REPORT, length_rows, lengths_table
 
-# `benchmarks/long_document.py --trained`'s results, relative to the project's root: (CSV, the command that
-# wrote it, its documents); a section each, left out where the file is missing
+# `benchmarks/long_document.py`'s results, relative to the project's root: (CSV, the command that wrote it,
+# its documents, its cases); a section each, left out where the file is missing
+TRAINED_CASES = "the runs' trained models that have their weights, at 1k to 8k tokens"
 LONG_DOCUMENT_RESULTS = (
     (
         "benchmarks/results/long_document_trained_text.csv",
         "python benchmarks/long_document.py --trained results/reproduce --real-text --lengths 1024 2048 4096 "
         "8064 --out benchmarks/results/long_document_trained_text",
         "the longest test paper's prompt",
+        TRAINED_CASES,
     ),
     (
         "benchmarks/results/long_document_trained.csv",
         "python benchmarks/long_document.py --trained results/reproduce --out "
         "benchmarks/results/long_document_trained",
         "random token ids",
+        TRAINED_CASES,
+    ),
+    (
+        "benchmarks/results/long_document.csv",
+        "python benchmarks/long_document.py --out benchmarks/results/long_document",
+        "random token ids, untrained gates",
+        "the runs' gate configurations with random gates, which keep the runs' number of groups per token, "
+        "at 1k to 8k tokens",
+    ),
+    (
+        "benchmarks/results/long_document_1k.csv",
+        "python benchmarks/long_document.py --lengths 1024 --rounds 5 --out "
+        "benchmarks/results/long_document_1k",
+        "the runs' 1,024 tokens, random ids, untrained gates",
+        "the runs' gate configurations with random gates, which keep the runs' number of groups per token",
     ),
 )
 GPU_COMMAND = (
@@ -147,11 +164,13 @@ def _sparse_against_dense(metrics: dict[str, dict], config: dict) -> list[str]:
     ]
 
 
-def _long_documents(path: Path, command: str, documents: str) -> tuple[list[str], str]:
-    """The speed claim judged per document length, from `benchmarks/long_document.py --trained`'s CSV at
-    `path` written by `command` on `documents` (its rows per length and case, the reference case first; the
-    profile rows have no speed-up): the lines of a section and the sentence saying where the claim holds;
-    `([], "")` where `path` is missing."""
+def _long_documents(
+    path: Path, command: str, documents: str, cases: str = TRAINED_CASES
+) -> tuple[list[str], str]:
+    """The speed claim judged per document length, from `benchmarks/long_document.py`'s CSV at `path`
+    written by `command` on `documents` for `cases` (its rows per length and case, the reference case first;
+    the profile rows have no speed-up): the lines of a section and the sentence saying where the claim
+    holds; `([], "")` where `path` is missing."""
     if not path.is_file():
         return [], ""
     with path.open(newline="", encoding="utf-8") as file:
@@ -177,8 +196,8 @@ def _long_documents(path: Path, command: str, documents: str) -> tuple[list[str]
         "",
         f"## Speed at long-document lengths: {documents}",
         "",
-        f"From `{path}` (`{command}`, whose header gives the setup): the runs' trained models that have "
-        f"their weights, on {documents}; `{reference}` is the reference. One summary = the "
+        f"From `{path}` (`{command}`, whose header gives the setup): {cases}, on {documents}; "
+        f"`{reference}` is the reference. One summary = the "
         "prefill of the document and its decoded tokens. Time ratios: case / reference, prefill and decode "
         "apart (below 1 is faster); speed-ups per summary and the verdict by the rule above, per length.",
         "",
@@ -252,8 +271,8 @@ def reproduction_report(
         )
     level = f"{100 * config['confidence']:g} %"
     speed_at_lengths = [
-        (documents, *_long_documents(Path(path), command, documents))
-        for path, command, documents in long_documents
+        (documents, cases, *_long_documents(Path(path), command, documents, cases))
+        for path, command, documents, cases in long_documents
     ]
     quality_lines, quality_holds = _quality_at_lengths(results)
     lines = [
@@ -271,9 +290,9 @@ def reproduction_report(
         f"- ROUGE-L +{ROUGE_L_CLAIM_PERCENT} %: **{_overall(rouge_verdicts)}**.",
         f"- Inference speed +{100 * (SPEEDUP_CLAIM - 1):.0f} %: **{_overall(speed_verdicts)}**.",
         *(
-            f"- At long-document lengths (the trained runs timed on documents of 1k to 8k tokens, "
-            f"{documents}; section *Speed at long-document lengths: {documents}*): the {holds}."
-            for documents, section, holds in speed_at_lengths
+            f"- At long-document lengths ({cases}, timed on {documents}; section *Speed at long-document "
+            f"lengths: {documents}*): the {holds}."
+            for documents, cases, section, holds in speed_at_lengths
             if section
         ),
         *(
@@ -289,7 +308,10 @@ def reproduction_report(
         f"ROUGE-L: *reproduced* for a significant gain (paired {level} CI above 0) at least that large, "
         "*not reproduced* when the whole CI lies below it, *inconclusive* otherwise (the CI holds the "
         f"claim). Speed: *reproduced* when every interleaved round is >= x{SPEEDUP_CLAIM} faster per "
-        "summary, *not reproduced* when no round is, *inconclusive* otherwise.",
+        "summary, *not reproduced* when no round is, *inconclusive* otherwise. The speed-ups below were "
+        "timed when the runs were trained, with the code of then; the sections *Speed at long-document "
+        "lengths* time the same gates later, each with the code of its date (in its CSV's Markdown page), "
+        "the last one at the runs' own 1,024 tokens.",
         "",
         "| run | ROUGE-L delta, points [CI] (relative) | ROUGE-L claim | speedup (median [rounds]) "
         "| speed claim |",
@@ -308,7 +330,7 @@ def reproduction_report(
         *_sparse_against_dense(metrics, config),
         "",
         "Plots: `loss_curves.png`, `rouge.png`, `speed.png` in the results folder.",
-        *(line for _, section, _ in speed_at_lengths for line in section),
+        *(line for _, _, section, _ in speed_at_lengths for line in section),
         *quality_lines,
         "",
         "## Reading these numbers",

@@ -27,7 +27,16 @@ from ...files import atomic_write_json, atomic_write_text, read_json
 from ..common.attention_maps import GateRecorder
 from ..common.config import split_limits
 from ..common.distributed import distributed_state, leave_after_training
-from ..common.encoder_decoder import cached_features, load_image_processor, patch_grid, start_and_end
+from ..common.encoder_decoder import (
+    build_encoder_decoder,
+    cached_features,
+    check_encoder_decoder,
+    load_image_processor,
+    load_trained,
+    model_paths,
+    patch_grid,
+    start_and_end,
+)
 from ..common.inference import interleaved_rounds
 from ..common.plots import plot_loss_curves, plot_scores, plot_speed
 from ..common.run_dir import check_run_dir, claim_on_main, data_fingerprint, finish_run_dir
@@ -45,18 +54,7 @@ from .metrics import (
     fusion_ratio,
     verdict,
 )
-from .model import (
-    QACollator,
-    build_model,
-    check_answers,
-    check_model,
-    clip_states,
-    encode,
-    load_tokenizer,
-    load_trained,
-    model_paths,
-    question_rows,
-)
+from .model import QACollator, check_answers, clip_states, encode, load_tokenizer, question_rows
 from .plots import plot_gates, plot_overlays
 from .report import csv_table, markdown_report
 
@@ -96,7 +94,7 @@ def train_all(config, paths, tokenizer, processor, data: VideoQAData, features: 
             logger.warning("Run %s: already trained, kept", run.name)
             continue
         (config.run_dir / run.name / PREDICTIONS_FILE).unlink(missing_ok=True)  # stale once retrained
-        model = build_model(config, *paths, tokenizer, run)
+        model = build_encoder_decoder(config, *paths, tokenizer, run)
         collator = QACollator(features, tokenizer.pad_token_id)
         train_model(
             config, run, model, collator, train, validation, callbacks, processors=(tokenizer, processor)
@@ -407,7 +405,7 @@ def run_video_qa(config: VideoQAConfig, callbacks=None) -> Path | None:
     texts = [clip["passage"] for clip in data.splits["train"]]
     texts += [q["question"] + " " + q["answer"] for clip in data.splits["train"] for q in clip["questions"]]
     tokenizer = load_tokenizer(paths[1], texts)
-    check_model(config, *paths, tokenizer)
+    check_encoder_decoder(config, *paths, tokenizer, "the frames")
     check_answers(tokenizer, config, data)
     fingerprint = data_fingerprint(data.fingerprint_rows())
     claim_on_main(config, fingerprint)  # after the input was read and checked: bad input leaves no folder

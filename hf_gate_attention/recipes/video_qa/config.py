@@ -5,18 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..common.config import (
+    EncoderDecoderKeys,
     RecipeConfigBase,
     RunSpec,
     TrainingKeys,
     baseline_and_gated_decoders,
-    check_shared_keys,
+    check_encoder_decoder_keys,
 )
 
 MAX_FRAMES = 8
 
 
 @dataclass
-class VideoQAConfig(RecipeConfigBase, TrainingKeys):
+class VideoQAConfig(RecipeConfigBase, EncoderDecoderKeys, TrainingKeys):
     """Configuration of a video QA comparison: the same data, seed and budget for every run.
 
     Each run is a `VisionEncoderDecoderModel`: a frozen pretrained vision encoder, whose features are computed
@@ -26,13 +27,7 @@ class VideoQAConfig(RecipeConfigBase, TrainingKeys):
 
     Run: the keys of `RecipeConfigBase` (`name`, `output_dir`, `overwrite`, `resume`, `backend`, `runs`).
 
-    Model:
-        encoder (`str`): Hub id or local folder of a vision encoder; `"dinov2-small"` is the offline copy.
-        decoder (`str`): `"scratch-gpt2"` or `"scratch-bert"` (built from `decoder_*` and a word-level
-            tokenizer of the training texts), or a local folder / Hub id of a decoder that takes
-            cross-attention (its own tokenizer).
-        decoder_layers, decoder_hidden_size, decoder_heads (`int`), decoder_dropout (`float`, in [0, 1)).
-        attn_implementation (`str`): attention kernel while training and answering; weights read with eager.
+    Model: the keys of `EncoderDecoderKeys` (encoder, decoder and its size, attention kernel).
 
     Data:
         dataset (`str`): `"clips"` (offline, generated), a folder with a `metadata.jsonl`/`.csv` (one row per
@@ -59,14 +54,7 @@ class VideoQAConfig(RecipeConfigBase, TrainingKeys):
 
     name: str = "video_qa"
     runs: list[RunSpec] = field(default_factory=baseline_and_gated_decoders)
-    # model
-    encoder: str = "dinov2-small"
-    decoder: str = "scratch-gpt2"
-    decoder_layers: int = 3
-    decoder_hidden_size: int = 128
-    decoder_heads: int = 4
-    decoder_dropout: float = 0.1
-    attn_implementation: str = "sdpa"
+    # model, images, statistics and timing: `EncoderDecoderKeys`
     # data
     dataset: str = "clips"
     frames_column: str = "frames"
@@ -78,11 +66,9 @@ class VideoQAConfig(RecipeConfigBase, TrainingKeys):
     max_train_examples: int | None = None
     max_validation_examples: int | None = None
     max_test_examples: int | None = None
-    image_size: int = 112
     max_passage_tokens: int = 48
     max_question_tokens: int = 12
     max_answer_tokens: int = 4
-    feature_batch_size: int = 32
     # training (a decoder trained from scratch)
     learning_rate: float = 1e-3
     gate_learning_rate: float | None = None
@@ -92,46 +78,18 @@ class VideoQAConfig(RecipeConfigBase, TrainingKeys):
     per_device_eval_batch_size: int = 64
     logging_steps: int = 10
     save_steps: int = 100
-    # evaluation
-    generation_batch_size: int = 64
-    mask_threshold: float = 0.25
-    overlay_examples: int = 2
-    n_bootstrap: int = 1000
-    confidence: float = 0.95
-    speed_examples: int = 64
-    speed_batch_size: int = 32
-    speed_rounds: int = 3
+
+    @property
+    def decoder_positions(self) -> int:
+        """Positions of a scratch decoder: `<s> passage <q> question <a> answer </s>`."""
+        return self.max_passage_tokens + self.max_question_tokens + self.max_answer_tokens + 4
 
     def _validate(self) -> None:
-        check_shared_keys(self)
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence={self.confidence} must be in (0, 1)")
-        if not 0 < self.mask_threshold <= 1:
-            raise ValueError(f"mask_threshold={self.mask_threshold} must be in (0, 1]")
-        if not 0 <= self.decoder_dropout < 1:
-            raise ValueError(f"decoder_dropout={self.decoder_dropout} must be in [0, 1)")
+        counts = ("max_passage_tokens", "max_question_tokens", "max_answer_tokens")
+        check_encoder_decoder_keys(self, counts)
         low = 4 if self.dataset == "clips" else 1
         if not low <= self.clip_frames <= MAX_FRAMES:
             raise ValueError(
                 f"clip_frames={self.clip_frames} is not accepted: {low} to {MAX_FRAMES} for dataset "
                 f"{self.dataset!r}"
-            )
-        positive = ("decoder_layers", "decoder_hidden_size", "decoder_heads", "image_size")
-        positive += ("max_passage_tokens", "max_question_tokens", "max_answer_tokens", "feature_batch_size")
-        positive += (
-            "generation_batch_size",
-            "n_bootstrap",
-            "speed_examples",
-            "speed_batch_size",
-            "speed_rounds",
-        )
-        for key in positive:
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be >= 1")
-        if self.overlay_examples < 0:
-            raise ValueError(f"overlay_examples={self.overlay_examples} must be >= 0")
-        if self.decoder_hidden_size % self.decoder_heads:
-            raise ValueError(
-                f"decoder_hidden_size={self.decoder_hidden_size} must be a multiple of "
-                f"decoder_heads={self.decoder_heads}"
             )

@@ -10,35 +10,14 @@ The model is saved and loaded as a standard `VisionEncoderDecoderModel`; a clip 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, VisionEncoderDecoderModel, set_seed
 
-from ...core.hooks import attention_layout
-from ...offline import resolve_model
-from ...sharing.loading import checkpoint_config, load_processor
-from ...sharing.loading import from_pretrained as load_gated
-from ..common.config import RunSpec
-from ..common.distributed import patch_on_device
-from ..common.encoder_decoder import (
-    SCRATCH_DECODERS,
-    assemble_model,
-    build_word_tokenizer,
-    require_cross_attention,
-    scratch_decoder_config,
-    start_and_end,
-)
-from ..common.inference import inference_device
+from ...sharing.loading import load_processor
+from ..common.encoder_decoder import build_word_tokenizer, start_and_end
 from .config import VideoQAConfig
 
 QUESTION, ANSWER = "<q>", "<a>"  # the separators before the question and before the answer
-
-
-def model_paths(config: VideoQAConfig) -> tuple[str, str | None]:
-    """`(encoder folder or Hub id, decoder folder or Hub id, or None for a scratch-* decoder)`."""
-    decoder = None if config.decoder in SCRATCH_DECODERS else resolve_model(config.decoder)
-    return resolve_model(config.encoder), decoder
 
 
 def load_tokenizer(decoder_path: str | None, texts: list[str]):
@@ -51,10 +30,6 @@ def load_tokenizer(decoder_path: str | None, texts: list[str]):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.sep_token
     return tokenizer
-
-
-def positions(config: VideoQAConfig) -> int:
-    return config.max_passage_tokens + config.max_question_tokens + config.max_answer_tokens + 4
 
 
 def encode(tokenizer, config: VideoQAConfig, passage: str, question: str, answer: str | None = None):
@@ -84,86 +59,6 @@ def check_answers(tokenizer, config: VideoQAConfig, data) -> None:
                         f"{split} clip {clip['id']}: answer {q['answer']!r} has {count} tokens; "
                         f"max_answer_tokens={config.max_answer_tokens} (answers are not truncated)"
                     )
-
-
-def decoder_config(config: VideoQAConfig, decoder_path: str | None, tokenizer):
-    """The decoder's config, with cross-attention asked for (`is_decoder`, `add_cross_attention`)."""
-    start, end = start_and_end(tokenizer)
-    tokens = {"bos_token_id": start, "eos_token_id": end, "pad_token_id": tokenizer.pad_token_id}
-    cross = {"is_decoder": True, "add_cross_attention": True}
-    if decoder_path is not None:
-        return AutoConfig.from_pretrained(decoder_path, **cross)
-    return scratch_decoder_config(config, len(tokenizer), positions(config), tokens, cross)
-
-
-def check_model(config: VideoQAConfig, encoder_path: str, decoder_path: str | None, tokenizer) -> None:
-    """`ValueError` before anything trains: an encoder that is not a vision model or whose patches do not
-    tile `image_size`, a decoder without cross-attention, a gate outside the decoder or that cannot patch
-    this model (`patch` on a weightless copy)."""
-    from ...core.patching import patch, unpatch
-
-    encoder_config = checkpoint_config(encoder_path)
-    patch_size = getattr(encoder_config, "patch_size", None)
-    if getattr(encoder_config, "num_channels", None) is None or not isinstance(patch_size, int):
-        raise ValueError(
-            f"encoder {config.encoder!r} is not a vision transformer (no num_channels/patch_size)"
-        )
-    if config.image_size % patch_size:
-        raise ValueError(
-            f"image_size={config.image_size} is not a multiple of the encoder's patch size {patch_size}"
-        )
-    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = assemble_model(
-            AutoModel.from_config(encoder_config), AutoModelForCausalLM.from_config(decoder_cfg), tokenizer
-        )
-        require_cross_attention(model, config.decoder, decoder_cfg.model_type, "the frames")
-        for run in config.runs:
-            if run.gate is None:
-                continue
-            outside = [b.name for b in attention_layout(model, run.gate) if not b.name.startswith("decoder.")]
-            if outside:
-                raise ValueError(
-                    f"run {run.name!r} gates {outside[0]} (and {len(outside) - 1} more) outside the decoder; "
-                    "the encoder is frozen and its features computed once: set the gate's parts: [decoder]"
-                )
-            unpatch(patch(model, run.gate, backend=config.backend))
-
-
-def build_model(config: VideoQAConfig, encoder_path: str, decoder_path: str | None, tokenizer, run: RunSpec):
-    """The model of `run`: the pretrained encoder (frozen) and the decoder drawn from `config.seed` (the same
-    for every run), then the run's gate."""
-    set_seed(config.seed)
-    encoder = AutoModel.from_pretrained(encoder_path, dtype=torch.float32)
-    decoder_cfg = decoder_config(config, decoder_path, tokenizer)
-    if decoder_path is None:
-        decoder = AutoModelForCausalLM.from_config(decoder_cfg)
-    else:
-        decoder = AutoModelForCausalLM.from_pretrained(decoder_path, config=decoder_cfg, dtype=torch.float32)
-        decoder.resize_token_embeddings(len(tokenizer))
-    set_seed(config.seed)
-    model = assemble_model(encoder, decoder, tokenizer)
-    model.set_attn_implementation(config.attn_implementation)
-    model.encoder.requires_grad_(False)
-    if run.gate is not None:
-        set_seed(config.seed)
-        patch_on_device(model, run.gate, config.backend)
-    return model
-
-
-def load_trained(config: VideoQAConfig, run: RunSpec, attn_implementation: str | None = None):
-    """The final weights of `run` (`<run>/model`), in eval mode on the inference device."""
-    final = str(config.run_dir / run.name / "model")
-    kwargs = {
-        "dtype": torch.float32,
-        "attn_implementation": attn_implementation or config.attn_implementation,
-    }
-    if run.gate is not None:
-        model = load_gated(final, VisionEncoderDecoderModel, backend=config.backend, **kwargs)
-    else:
-        model = VisionEncoderDecoderModel.from_pretrained(final, **kwargs)
-    return model.to(inference_device()).eval()
 
 
 # ------------------------------------------------------------------------------------ clips and batches
